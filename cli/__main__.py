@@ -1,0 +1,3 @@
+from msd.cli.main import main
+
+main()

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from msd.errors import LaunchError
+from msd.launch.check import check_sources
+from msd.launch.local import LocalJob, summary
+from msd.recipe.load import load_recipe
+from msd.wire.protocol import Status
+
+from .common import console, err_console, user_errors
+
+
+def progress_table(status: Status, weights: dict[str, float]) -> Table:
+    """One screen: step, throughput, per-source share against its weight, trainer data-wait."""
+    s = summary(status)
+    total = f"/{status.steps}" if status.steps is not None else ""
+    table = Table(
+        title=f"step {status.consumed}{total}  ·  {s['tokens_per_s']:,.0f} tokens/s  ·  "
+        f"data-wait p50 {s['wait_p50_ms']:.2f} ms, p99 {s['wait_p99_ms']:.2f} ms"
+    )
+    table.add_column("source")
+    table.add_column("weight", justify="right")
+    table.add_column("share of samples", justify="right")
+    for name, share in s["sources"].items():
+        table.add_row(name, f"{weights[name]:.3f}", f"{share:.3f}")
+    return table
+
+
+def _final_table(status: Status) -> Table:
+    s = summary(status)
+    table = Table(title="run summary")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in (
+        "steps",
+        "tokens",
+        "elapsed_s",
+        "tokens_per_s",
+        "wait_p50_ms",
+        "wait_p99_ms",
+        "truncated_samples",
+    ):
+        table.add_row(key, f"{s[key]:,}" if isinstance(s[key], int) else f"{s[key]:,.3f}")
+    return table
+
+
+@user_errors
+def launch(
+    recipe: Annotated[Path, typer.Argument(help="The recipe YAML file.")],
+    cluster: Annotated[str | None, typer.Option(help="local (default) or slurm.")] = None,
+    run_dir: Annotated[Path, typer.Option(help="Where job folders are created.")] = Path("runs"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Start a job: Planner, Source Loaders, Data Constructor and trainer ranks."""
+    parsed = load_recipe(recipe)
+    chosen = cluster or parsed.cluster
+    if chosen != "local":
+        raise LaunchError(f"cluster {chosen!r} is not available yet; use --cluster local")
+    check_sources(parsed)
+    job = LocalJob(parsed, recipe.read_text(), run_dir)
+    weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
+    if not json_out:
+        console.print(f"job folder: {job.job.root}")
+    job.start()
+    live = (
+        Live(console=console, transient=False, auto_refresh=False) if console.is_terminal else None
+    )
+    with live or _Null():
+        outcome = job.watch(
+            lambda st: live.update(progress_table(st, weights), refresh=True) if live else None
+        )
+    if not outcome.ok:
+        err_console.print(f"[bold red]error:[/] {outcome.message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(130 if "interrupted" in outcome.message else 1)
+    if outcome.status is None:
+        raise LaunchError(f"the job ended without a status from its planner; see {job.job.logs}")
+    if json_out:
+        print(json.dumps({"job": str(job.job.root), **summary(outcome.status)}, indent=2))
+    else:
+        console.print(progress_table(outcome.status, weights))
+        console.print(_final_table(outcome.status))
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,23 @@
+"""The ``msd`` command: a thin typer layer over the ``msd`` library."""
+
+from __future__ import annotations
+
+import typer
+
+from . import init, launch, synth, validate
+
+app = typer.Typer(
+    name="msd",
+    help="A multi-source data plane for large-model training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("synth")(synth.synth)
+app.command("init")(init.init)
+app.command("validate")(validate.validate)
+app.command("launch")(launch.launch)
+
+
+def main() -> None:
+    app()

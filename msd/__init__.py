@@ -1,0 +1,24 @@
+"""msd: a multi-source data plane for large-model training.
+
+``msd.Client`` is imported lazily: the Planner and Source Loaders import ``msd`` too and must not
+pay for torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from msd.client import Client
+
+__all__ = ["Client", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Client":
+        from msd.client import Client
+
+        return Client
+    raise AttributeError(f"module 'msd' has no attribute {name!r}")

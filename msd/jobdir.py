@@ -1,0 +1,94 @@
+"""The job folder: the one place a job's roles, launcher, clients and CLI meet.
+
+    JOB/recipe.yaml            the recipe as the user wrote it
+    JOB/recipe.json            the validated recipe with absolute paths (what roles read)
+    JOB/job.json               name, fingerprint, launcher pid, state
+    JOB/endpoints/NAME         the address a role serves (written atomically once bound)
+    JOB/logs/ROLE-NAME.log     each role's output
+    JOB/trainer/rank-R.jsonl   what the demo trainer received, step by step
+
+Endpoints are published as files so nothing needs a fixed port, and the same rendezvous works
+on a shared filesystem under SLURM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from msd.errors import LaunchError
+from msd.recipe.schema import Recipe, from_json
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class JobDir:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).resolve()
+
+    @property
+    def recipe_json(self) -> Path:
+        return self.root / "recipe.json"
+
+    @property
+    def job_json(self) -> Path:
+        return self.root / "job.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def trainer(self) -> Path:
+        return self.root / "trainer"
+
+    def create(self) -> None:
+        for sub in (self.root, self.root / "endpoints", self.logs, self.trainer):
+            sub.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+
+    def recipe(self) -> Recipe:
+        try:
+            return from_json(self.recipe_json.read_bytes())
+        except FileNotFoundError:
+            raise LaunchError(f"{self.root} is not an msd job folder (no recipe.json)") from None
+
+    def write_json(self, path: Path, data: dict[str, Any]) -> None:
+        atomic_write(path, json.dumps(data, indent=2, sort_keys=True).encode())
+
+    def read_json(self, path: Path) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(path.read_text())
+        return result
+
+    def endpoint_file(self, name: str) -> Path:
+        return self.root / "endpoints" / name
+
+    def publish(self, name: str, endpoint: str) -> None:
+        atomic_write(self.endpoint_file(name), endpoint.encode())
+
+    def wait_endpoint(self, name: str, timeout_s: float = 60.0) -> str:
+        """The endpoint ``name`` once its role has published it."""
+        path = self.endpoint_file(name)
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise LaunchError(f"no {name} endpoint in {self.root} after {timeout_s:.0f} s")
+            time.sleep(0.02)
+        return path.read_text().strip()
+
+    def log_path(self, role: str, name: str) -> Path:
+        return self.logs / f"{role}-{name.replace('/', '-')}.log"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.trainer / f"rank-{rank}.jsonl"

@@ -1,0 +1,41 @@
+"""Fail before you queue: open every source and build every transform before any process starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from msd.recipe.schema import Recipe
+from msd.sources.index import SourceIndex, open_source
+from msd.sources.transforms import make_transform
+
+
+@dataclass(frozen=True)
+class SourceSummary:
+    name: str
+    files: int
+    row_groups: int
+    rows: int
+    column: str
+    weight: float
+    loaders: int
+
+
+def check_sources(recipe: Recipe) -> list[SourceSummary]:
+    """Open every source's files (footers only) and its transform; raise SourceError on the first
+    problem."""
+    summaries = []
+    for i, source in enumerate(recipe.sources):
+        index: SourceIndex = open_source(source, f"sources[{i}]")
+        make_transform(source.transform, index.column_kind)
+        summaries.append(
+            SourceSummary(
+                source.name,
+                len(index.files),
+                len(index.row_groups),
+                index.num_rows,
+                index.column,
+                source.weight,
+                source.loaders,
+            )
+        )
+    return summaries

@@ -1,0 +1,210 @@
+"""The embedded launcher: every role as a subprocess of this machine, wired over loopback.
+
+It starts the Planner, one Constructor (the node's sidecar), the loaders and the trainer ranks,
+watches all of them, and stops every one of them on every way out: success, a failed role, a
+failed trainer, Ctrl-C. The SLURM launcher places the same role entry points elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from msd.jobdir import JobDir
+from msd.launch import procs
+from msd.recipe.schema import Recipe, stream_fingerprint, to_json
+from msd.roles.loader import loader_name
+from msd.wire import transport
+from msd.wire.protocol import Status, StatusRequest, Stop
+
+POLL_S = 0.1
+STATUS_EVERY_S = 0.5
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    message: str
+    status: Status | None
+    job: JobDir
+
+
+def new_job_dir(recipe: Recipe, run_root: Path) -> JobDir:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = run_root / f"{recipe.name}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return JobDir(path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalJob:
+    def __init__(self, recipe: Recipe, recipe_text: str, run_root: Path) -> None:
+        self.recipe = recipe
+        self.job = new_job_dir(recipe, run_root)
+        self.job.create()
+        (self.job.root / "recipe.yaml").write_text(recipe_text)
+        self.job.recipe_json.write_bytes(to_json(recipe))
+        self.children: list[procs.Child] = []
+        self.trainers: list[procs.Child] = []
+        self.env = {**os.environ, "MSD_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        self._write_job_json("starting")
+
+    def _write_job_json(self, state: str) -> None:
+        self.job.write_json(
+            self.job.job_json,
+            {
+                "name": self.recipe.name,
+                "fingerprint": stream_fingerprint(self.recipe),
+                "launcher_pid": os.getpid(),
+                "cluster": "local",
+                "state": state,
+            },
+        )
+
+    # -- starting -----------------------------------------------------------------------------
+    def start(self) -> None:
+        root = self.job.root
+        self._role("planner", "planner", procs.role_argv("planner", root))
+        ranks = ",".join(str(r) for r in range(self.recipe.world_size))
+        self._role(
+            "constructor",
+            "local",
+            procs.role_argv("constructor", root, "--node", "local", "--ranks", ranks),
+        )
+        for s, source in enumerate(self.recipe.sources):
+            for i in range(source.loaders):
+                argv = procs.role_argv("loader", root, "--source", str(s), "--index", str(i))
+                self._role("loader", loader_name(source.name, i), argv)
+        self._start_trainers()
+        self._write_job_json("running")
+
+    def _role(self, role: str, name: str, argv: list[str]) -> None:
+        self.children.append(procs.start(role, name, argv, self.env, self.job.log_path(role, name)))
+
+    def _start_trainers(self) -> None:
+        command = self.recipe.trainer.command
+        argv = (
+            [sys.executable, "-m", "msd.trainer.demo"]
+            if command == "demo"
+            else procs.command_argv(command)
+        )
+        world = self.recipe.world_size
+        base = {
+            **self.env,
+            "MSD_JOB": str(self.job.root),
+            "MSD_NODE": "local",
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()),
+        }
+        for rank in range(world):
+            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            log = self.job.log_path("trainer", f"rank-{rank}")
+            child = procs.start("trainer", f"rank {rank}", argv, env, log, cwd=Path.cwd())
+            self.trainers.append(child)
+            self.children.append(child)
+
+    # -- watching -----------------------------------------------------------------------------
+    def watch(self, on_status: Callable[[Status], None]) -> Outcome:
+        """Run until the trainers finish or something fails; always stop every child."""
+        sock = transport.connect(transport.context(), zmq.DEALER, self.job.wait_endpoint("planner"))
+        status: Status | None = None
+        try:
+            status, failure = self._watch_loop(sock, on_status)
+            if failure is None:
+                status = self._final_status(sock) or status
+                transport.send(sock, Stop(reason="trainers finished"))
+                self._wait_roles(5.0)
+        except KeyboardInterrupt:
+            failure = "interrupted (Ctrl-C); every process of the job was stopped"
+        finally:
+            procs.stop_all(self.children)
+            sock.close(linger=0)
+        self._write_job_json("done" if failure is None else "failed")
+        return Outcome(failure is None, failure or "done", status, self.job)
+
+    def _watch_loop(
+        self, sock: zmq.Socket[Any], on_status: Callable[[Status], None]
+    ) -> tuple[Status | None, str | None]:
+        status: Status | None = None
+        next_ask = 0.0
+        while True:
+            failure = self._failed_child(status)
+            if failure is not None or all(t.popen.poll() == 0 for t in self.trainers):
+                return status, failure
+            if time.monotonic() >= next_ask:
+                transport.send(sock, StatusRequest())
+                next_ask = time.monotonic() + STATUS_EVERY_S
+            if sock.poll(int(POLL_S * 1000)):
+                msg = transport.recv(sock)[1]
+                if isinstance(msg, Status):
+                    status = msg
+                    on_status(msg)
+
+    def _failed_child(self, status: Status | None) -> str | None:
+        for child in self.children:
+            code = child.popen.poll()
+            if code is None or (child in self.trainers and code == 0):
+                continue
+            reason = f"; it reported: {status.failure}" if status and status.failure else ""
+            return (
+                f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}{reason}; "
+                f"the job was stopped. Log: {child.log}"
+            )
+        return None
+
+    def _final_status(self, sock: zmq.Socket[Any]) -> Status | None:
+        transport.send(sock, StatusRequest())
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and sock.poll(100):
+            msg = transport.recv(sock)[1]
+            if isinstance(msg, Status):
+                return msg
+        return None
+
+    def _wait_roles(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for child in self.children:
+            with contextlib.suppress(Exception):
+                child.popen.wait(max(0.0, deadline - time.monotonic()))
+
+
+def summary(status: Status) -> dict[str, Any]:
+    """The run's figures as plain data (the CLI renders them; ``--json`` prints them)."""
+    total = max(1, sum(status.source_samples))
+    return {
+        "steps": status.consumed,
+        "tokens": status.tokens_consumed,
+        "elapsed_s": round(status.elapsed_s, 3),
+        "tokens_per_s": round(status.tokens_consumed / max(status.elapsed_s, 1e-9), 1),
+        "wait_p50_ms": round(status.wait_p50_ms, 3),
+        "wait_p99_ms": round(status.wait_p99_ms, 3),
+        "truncated_samples": status.truncated,
+        "sources": {
+            n: c / total for n, c in zip(status.source_names, status.source_samples, strict=True)
+        },
+    }
+
+
+def dumps_summary(status: Status) -> str:
+    return json.dumps(summary(status), indent=2)

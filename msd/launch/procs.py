@@ -1,0 +1,96 @@
+"""Child processes of a launch: start them so they cannot outlive the launcher, stop them all."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_SHELL_CHARS = set("|&;<>()$`\\\"'*?[]#~=%{}")
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def command_argv(command: str) -> list[str]:
+    """Exec simple commands directly (so the death signal reaches them); others via the shell."""
+    if any(c in _SHELL_CHARS for c in command):
+        return ["/bin/sh", "-c", command]
+    return shlex.split(command)
+
+
+@dataclass
+class Child:
+    role: str
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.name}" if self.name != self.role else self.role
+
+    def describe_exit(self) -> str:
+        code = self.popen.returncode
+        if code is not None and code < 0:
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+
+def start(
+    role: str, name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+) -> Child:
+    out = open(log, "ab")  # noqa: SIM115 - the child owns it for its whole life
+    try:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            preexec_fn=_die_with_parent,
+        )
+    finally:
+        out.close()
+    return Child(role, name, popen, log)
+
+
+def role_argv(role: str, job: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "msd.roles", role, "--job", str(job), *extra]
+
+
+def stop_all(children: list[Child], grace_s: float = 3.0) -> None:
+    """SIGTERM every child's process group, then SIGKILL whatever is left after ``grace_s``."""
+    for child in children:
+        _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.popen.wait(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        _signal_group(child, signal.SIGKILL)
+        child.popen.wait()
+
+
+def _signal_group(child: Child, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.popen.pid, sig)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

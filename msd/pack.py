@@ -1,0 +1,60 @@
+"""Materialise one rank's packed rows as batch arrays (pure numpy, no torch).
+
+Each row holds whole samples back to back, then padding. A sample attends only to itself:
+``position_ids`` restart at every sample and at the padding, and ``cu_seqlens`` (the varlen
+attention convention, over the flattened ``rows × seq_len`` tokens) marks every sample and every
+padding run as its own sequence. ``labels`` are already shifted: ``labels[t]`` is the next token
+of the same sample, and ``IGNORE_INDEX`` at a sample's last token and on padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+IGNORE_INDEX = -100
+PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One sample placed in a row."""
+
+    source: int
+    sample_id: int
+    tokens: np.ndarray
+
+
+def pack_rows(rows: Sequence[Sequence[Piece]], seq_len: int) -> dict[str, np.ndarray]:
+    """Arrays ``input_ids``, ``labels``, ``position_ids`` ([rows, seq_len] int64), ``cu_seqlens``
+    (int32), ``sample_ids`` and ``source_ids`` (int64, in row order)."""
+    num_rows = len(rows)
+    input_ids = np.full((num_rows, seq_len), PAD_ID, dtype=np.int64)
+    labels = np.full((num_rows, seq_len), IGNORE_INDEX, dtype=np.int64)
+    position_ids = np.zeros((num_rows, seq_len), dtype=np.int64)
+    bounds = [0]
+    for r, row in enumerate(rows):
+        at = 0
+        for piece in row:
+            n = len(piece.tokens)
+            if n == 0:
+                continue  # delivered (its id is listed) but occupies no tokens
+            input_ids[r, at : at + n] = piece.tokens
+            labels[r, at : at + n - 1] = piece.tokens[1:]
+            position_ids[r, at : at + n] = np.arange(n)
+            at += n
+            bounds.append(r * seq_len + at)
+        if at < seq_len:
+            position_ids[r, at:] = np.arange(seq_len - at)
+            bounds.append((r + 1) * seq_len)
+    pieces = [p for row in rows for p in row]
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": position_ids,
+        "cu_seqlens": np.array(bounds, dtype=np.int32),
+        "sample_ids": np.array([p.sample_id for p in pieces], dtype=np.int64),
+        "source_ids": np.array([p.source for p in pieces], dtype=np.int64),
+    }

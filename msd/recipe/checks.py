@@ -1,0 +1,178 @@
+"""Semantic checks over a structurally valid `Recipe`: pure, no I/O, so each rule is unit-testable.
+
+Each check returns `Problem`s; `msd.recipe.load` turns their key paths into file lines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+from msd.recipe.schema import Recipe, Source, Transform
+
+# Source names end up in file names, metric labels and checkpoint keys, so keep them plain.
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_FUNCTION = re.compile(rf"{_DOTTED}:{_DOTTED}")
+
+
+class Problem(NamedTuple):
+    """One failed rule: the key path it is about and one sentence saying what to do."""
+
+    key: str
+    message: str
+
+
+def check_recipe(recipe: Recipe) -> list[Problem]:
+    """Every semantic problem of ``recipe``, in recipe order; empty when it is consistent."""
+    problems = _check_sources(recipe.sources)
+    for i, source in enumerate(recipe.sources):
+        problems += _check_source(f"sources[{i}]", source)
+    return problems + _check_batch(recipe) + _check_steps(recipe) + _check_rest(recipe)
+
+
+def _at_least(key: str, value: float, low: float, fix: str) -> list[Problem]:
+    if value >= low:
+        return []
+    return [Problem(key, f"must be >= {low}, got {value}; {fix}")]
+
+
+def _check_sources(sources: tuple[Source, ...]) -> list[Problem]:
+    if not sources:
+        return [Problem("sources", "must list at least one source; add a source")]
+    problems = _check_names(sources)
+    weights = [s.weight for s in sources]
+    if all(w == 0 for w in weights):
+        problems.append(Problem("sources", "all weights are 0; give one source a weight > 0"))
+    return problems
+
+
+def _check_names(sources: tuple[Source, ...]) -> list[Problem]:
+    problems: list[Problem] = []
+    first: dict[str, int] = {}
+    for i, source in enumerate(sources):
+        key = f"sources[{i}].name"
+        if not _NAME.fullmatch(source.name):
+            fix = "use only letters, digits, '_', '.' and '-'"
+            problems.append(Problem(key, f"must match [A-Za-z0-9_.-]+, got {source.name!r}; {fix}"))
+        elif source.name in first:
+            dup = f"repeats the name {source.name!r} of sources[{first[source.name]}]"
+            problems.append(Problem(key, f"{dup}; give every source a unique name"))
+        first.setdefault(source.name, i)
+    return problems
+
+
+def _check_source(key: str, source: Source) -> list[Problem]:
+    problems = _finite_at_least_0(f"{key}.weight", source.weight, "set a non-negative weight")
+    if not source.path:
+        problems.append(Problem(f"{key}.path", "is empty; set a glob of Parquet files"))
+    problems += _check_columns(key, source)
+    problems += _check_transform(f"{key}.transform", source.transform)
+    return problems + _at_least(f"{key}.loaders", source.loaders, 1, "use at least 1 loader")
+
+
+def _finite_at_least_0(key: str, value: float, fix: str) -> list[Problem]:
+    if not math.isfinite(value):
+        return [Problem(key, f"must be a finite number, got {value}; {fix}")]
+    return _at_least(key, value, 0, fix)
+
+
+def _check_columns(key: str, source: Source) -> list[Problem]:
+    text, token = source.text_column, source.token_column
+    if text is None and token is None:
+        fix = "set text_column (raw text) or token_column (token ids)"
+        return [Problem(f"{key}.text_column", f"is missing and so is token_column; {fix}")]
+    if text is not None and token is not None:
+        return [Problem(f"{key}.token_column", "is set together with text_column; keep only one")]
+    if not (text or token):
+        column = "text_column" if text is not None else "token_column"
+        return [Problem(f"{key}.{column}", "is empty; name a column of the Parquet files")]
+    return []
+
+
+def _check_transform(key: str, transform: Transform) -> list[Problem]:
+    problems = _unexpected_transform_fields(key, transform)
+    if transform.kind == "tokenizer" and not transform.path:
+        fix = "set path to a HuggingFace tokenizer.json"
+        problems.append(Problem(f"{key}.path", f"is required for kind tokenizer; {fix}"))
+    if transform.kind == "function" and not _FUNCTION.fullmatch(transform.function or ""):
+        got = f"got {transform.function!r}" if transform.function is not None else "it is missing"
+        fix = "set function to module:attr, e.g. mypkg.tok:encode"
+        problems.append(
+            Problem(f"{key}.function", f"kind function needs module:attr, {got}; {fix}")
+        )
+    return problems
+
+
+def _unexpected_transform_fields(key: str, transform: Transform) -> list[Problem]:
+    # A field that the kind ignores is almost always a typo'd kind, so reject it, not drop it.
+    allowed = {"bytes": (), "tokenizer": ("path",), "function": ("function",)}[transform.kind]
+    problems: list[Problem] = []
+    for field in ("path", "function"):
+        if getattr(transform, field) is not None and field not in allowed:
+            fix = f"remove it, or change kind from {transform.kind}"
+            problems.append(
+                Problem(f"{key}.{field}", f"is not used by kind {transform.kind}; {fix}")
+            )
+    return problems
+
+
+def _check_batch(recipe: Recipe) -> list[Problem]:
+    dp, seq_len, tokens = recipe.distribute.dp, recipe.seq_len, recipe.global_batch_tokens
+    problems = _at_least("seq_len", seq_len, 2, "a sample needs at least 2 tokens")
+    problems += _at_least("distribute.dp", dp, 1, "use at least 1 data-parallel rank")
+    problems += _at_least("global_batch_tokens", tokens, 1, "use a positive batch size")
+    if dp >= 1 and seq_len >= 1 and tokens >= 1 and tokens % (dp * seq_len):
+        problems.append(Problem("global_batch_tokens", _multiple_message(tokens, dp, seq_len)))
+    return problems
+
+
+def _multiple_message(tokens: int, dp: int, seq_len: int) -> str:
+    # Every rank gets whole rows of seq_len tokens, hence the multiple; offer the closest fits.
+    unit = dp * seq_len
+    below, above = tokens // unit * unit, (tokens // unit + 1) * unit
+    nearest = f"{below} or {above}" if below else f"{above}"
+    what = f"must be a multiple of distribute.dp * seq_len = {dp} * {seq_len} = {unit}"
+    return f"{what}, got {tokens}; use {nearest}"
+
+
+def _check_steps(recipe: Recipe) -> list[Problem]:
+    if recipe.steps is not None:
+        return _at_least("steps", recipe.steps, 1, "run at least 1 step")
+    endless = [s.name for s in recipe.sources if s.repeat]
+    if not endless:
+        return []
+    names = ", ".join(endless)
+    fix = "set steps, or make every source finite with repeat: false"
+    return [Problem("steps", f"is omitted but sources {names} repeat forever; {fix}")]
+
+
+def _check_rest(recipe: Recipe) -> list[Problem]:
+    problems = _at_least("seed", recipe.seed, 0, "use a non-negative seed")
+    problems += _check_trainer(recipe)
+    rows = recipe.loader.block_row_groups
+    problems += _at_least("loader.block_row_groups", rows, 1, "read at least 1 row group per block")
+    buffer = recipe.loader.buffer_tokens
+    if buffer is not None:
+        fix = "buffer at least one row, or omit it for two global batches"
+        problems += _at_least("loader.buffer_tokens", buffer, recipe.seq_len, fix)
+    prefetch = recipe.constructor.prefetch_steps
+    return problems + _at_least(
+        "constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step"
+    )
+
+
+def _check_trainer(recipe: Recipe) -> list[Problem]:
+    trainer, dp = recipe.trainer, recipe.distribute.dp
+    problems: list[Problem] = []
+    if not trainer.command.strip():
+        fix = "use demo for the built-in trainer, or a shell command"
+        problems.append(Problem("trainer.command", f"is empty; {fix}"))
+    if trainer.ranks is not None and trainer.ranks != dp:
+        fix = f"set ranks to {dp} or omit it"
+        problems.append(
+            Problem("trainer.ranks", f"must equal distribute.dp = {dp}, got {trainer.ranks}; {fix}")
+        )
+    fix = "use a non-negative time in milliseconds"
+    return problems + _finite_at_least_0("trainer.demo.step_ms", trainer.demo.step_ms, fix)

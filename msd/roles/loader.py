@@ -1,0 +1,136 @@
+"""Source Loader: reads its share of one source, reports lengths, sends payloads where told.
+
+Loader ``i`` of ``L`` owns every L-th block that an epoch visits (k ≡ i mod L), reads those
+blocks in visiting order, tokenizes them and reports each sample's length to the Planner. It
+keeps the tokens until the Planner routes them to a Constructor, then forgets them. It reads
+ahead only while it holds fewer than ``buffer_tokens`` unrouted tokens, so its memory is bounded
+and does not depend on the number of ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import zmq
+
+from msd.jobdir import JobDir
+from msd.plan.order import EpochOrder, make_blocks
+from msd.recipe.schema import Recipe
+from msd.roles.common import connect_planner, hello
+from msd.sources.index import SourceIndex, open_source, source_key
+from msd.sources.read import RowGroupReader
+from msd.sources.transforms import make_transform
+from msd.wire import transport
+from msd.wire.protocol import Meta, Payload, Route, Stop, Welcome
+
+
+def loader_name(source: str, index: int) -> str:
+    return f"{source}/{index}"
+
+
+class Loader:
+    def __init__(self, job: JobDir, recipe: Recipe, source: int, index: int) -> None:
+        self.recipe = recipe
+        self.source = source
+        self.index = index
+        spec = recipe.sources[source]
+        self.name = loader_name(spec.name, index)
+        self.num_loaders = spec.loaders
+        self.src: SourceIndex = open_source(spec, f"sources[{source}]")
+        self.blocks = make_blocks(
+            [rg.num_rows for rg in self.src.row_groups], recipe.loader.block_row_groups
+        )
+        self.key = source_key(spec.name)
+        self.tokenize = make_transform(spec.transform, self.src.column_kind)
+        self.reader = RowGroupReader()
+        self.visits = self._visits()
+        self.held: dict[int, np.ndarray] = {}
+        self.held_tokens = 0
+        self.exhausted = False
+        self.planner = connect_planner(job, f"loader/{self.name}")
+        self.constructors: list[zmq.Socket[Any]] = []
+
+    def _visits(self) -> Iterator[tuple[EpochOrder, int]]:
+        """This loader's (epoch order, visit index) pairs, in stream order."""
+        epoch = 0
+        while True:
+            order = EpochOrder(self.blocks, self.recipe.seed, self.key, epoch)
+            yield from ((order, k) for k in range(self.index, len(self.blocks), self.num_loaders))
+            if not self.recipe.sources[self.source].repeat:
+                return
+            epoch += 1
+
+    def run(self) -> None:
+        transport.send(self.planner, hello("loader", self.name, sources=(self.source,)))
+        poller = zmq.Poller()
+        poller.register(self.planner, zmq.POLLIN)
+        while True:
+            can_read = not self.exhausted and self.held_tokens < self.recipe.loader_buffer_tokens
+            for _ in dict(poller.poll(0 if can_read else 100)):
+                if not self._handle(*transport.recv(self.planner)[1:]):
+                    return
+            if can_read:
+                self._read_next()
+
+    def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
+        if isinstance(msg, Welcome):
+            ctx = transport.context()
+            self.constructors = [
+                transport.connect(ctx, zmq.PUSH, c.payload_endpoint) for c in msg.constructors
+            ]
+        elif isinstance(msg, Route):
+            self._route(msg)
+        elif isinstance(msg, Stop):
+            return False
+        return True
+
+    def _route(self, msg: Route) -> None:
+        for gpos, dest in zip(msg.gpos, msg.constructor, strict=True):
+            tokens = self.held.pop(gpos)
+            self.held_tokens -= len(tokens)
+            payload = Payload(step=msg.step, source=self.source, gpos=gpos)
+            transport.send(self.constructors[dest], payload, [tokens])
+
+    def _read_next(self) -> None:
+        visit = next(self.visits, None)
+        if visit is None:
+            self.exhausted = True
+            return
+        order, k = visit
+        rows = order.rows_of_visit(k)
+        block = self.blocks[int(order.block_perm[k])]
+        tokens = self._read_block(block.first_rg, block.num_rg)
+        gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
+        seq_len = self.recipe.seq_len
+        lengths, truncated = [], 0
+        for offset, row in enumerate(rows):
+            t = tokens[int(row) - block.first_row]
+            truncated += len(t) > seq_len
+            t = t[:seq_len]
+            self.held[gpos_start + offset] = t
+            self.held_tokens += len(t)
+            lengths.append(len(t))
+        meta = Meta(
+            source=self.source,
+            gpos_start=gpos_start,
+            lengths=tuple(lengths),
+            sample_ids=tuple(int(r) for r in rows),
+            truncated=truncated,
+        )
+        transport.send(self.planner, meta)
+
+    def _read_block(self, first_rg: int, num_rg: int) -> list[np.ndarray]:
+        tokens: list[np.ndarray] = []
+        for rg in self.src.row_groups[first_rg : first_rg + num_rg]:
+            tokens.extend(self.tokenize(self.reader.read(rg, self.src.column)))
+        return tokens
+
+
+def main(job: JobDir, source: int, index: int) -> None:
+    started = time.monotonic()
+    loader = Loader(job, job.recipe(), source, index)
+    print(f"loader {loader.name} ready in {time.monotonic() - started:.2f} s", flush=True)
+    loader.run()

@@ -1,0 +1,262 @@
+"""Planner: the one process that decides the stream and holds the job's state.
+
+It sees metadata only (sample lengths reported by loaders), plans each global step with the pure
+``msd.plan.step.plan_step``, tells each Constructor what its ranks get and each loader where to
+send which payload, and stays at most ``prefetch_steps`` ahead of the slowest trainer rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import zmq
+
+from msd.errors import ProtocolError
+from msd.jobdir import JobDir
+from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
+from msd.recipe.schema import Recipe
+from msd.sources.index import open_source
+from msd.wire import transport
+from msd.wire.protocol import (
+    PROTOCOL_VERSION,
+    ConstructorInfo,
+    End,
+    Failure,
+    Hello,
+    Meta,
+    Plan,
+    Progress,
+    Route,
+    Status,
+    StatusRequest,
+    Stop,
+    Welcome,
+)
+
+
+def stream_spec(recipe: Recipe, num_rows: tuple[int, ...]) -> StreamSpec:
+    return StreamSpec(
+        seed=recipe.seed,
+        weights=tuple(s.weight for s in recipe.sources),
+        num_rows=num_rows,
+        repeat=tuple(s.repeat for s in recipe.sources),
+        dp=recipe.distribute.dp,
+        rows_per_rank=recipe.rows_per_rank,
+        seq_len=recipe.seq_len,
+        steps=recipe.steps,
+    )
+
+
+class Peer:
+    def __init__(self, identity: bytes, hello: Hello) -> None:
+        self.identity = identity
+        self.hello = hello
+
+
+class Planner:
+    def __init__(self, job: JobDir, recipe: Recipe) -> None:
+        self.job = job
+        self.recipe = recipe
+        num_rows = tuple(
+            open_source(s, f"sources[{i}]").num_rows for i, s in enumerate(recipe.sources)
+        )
+        self.spec = stream_spec(recipe, num_rows)
+        self.state = PlannerState.initial(len(recipe.sources))
+        self.sock, endpoint = transport.bind(transport.context(), zmq.ROUTER)
+        self.expected_loaders = sum(s.loaders for s in recipe.sources)
+        self.loaders: dict[str, Peer] = {}
+        self.constructors: list[Peer] = []
+        self.rank_constructor: dict[int, int] = {}
+        self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {
+            i: {} for i in range(len(recipe.sources))
+        }
+        self.constructor_consumed: dict[int, int] = {}
+        self.step_tokens: dict[int, int] = {}
+        self.step_sources: dict[int, np.ndarray] = {}
+        self.tokens_consumed = 0
+        self.source_samples = np.zeros(len(recipe.sources), dtype=np.int64)
+        self.counted = 0
+        self.waits: deque[float] = deque(maxlen=2000)
+        self.truncated = 0
+        self.num_steps: int | None = None
+        self.started = time.monotonic()
+        self.failure = ""
+        self.running = False
+        job.publish("planner", endpoint)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while True:
+            if dict(poller.poll(50)) and not self._drain():
+                return
+            if self.running:
+                self._plan_ahead()
+
+    def _drain(self) -> bool:
+        """Handle every queued message; False once the job is told to stop."""
+        while self.sock.poll(0):
+            identity, msg, _ = transport.recv(self.sock)
+            assert identity is not None  # a ROUTER socket always names the sender
+            if isinstance(msg, Stop):
+                self._broadcast(msg)
+                return False
+            self._handle(identity, msg)
+        return True
+
+    def _handle(self, identity: bytes, msg: Any) -> None:
+        if isinstance(msg, Meta):
+            self._on_meta(identity, msg)
+        elif isinstance(msg, Progress):
+            self._on_progress(identity, msg)
+        elif isinstance(msg, Hello):
+            self._on_hello(identity, msg)
+        elif isinstance(msg, StatusRequest):
+            transport.send(self.sock, self.status(), to=identity)
+        elif isinstance(msg, Failure):
+            self.failure = f"{msg.role} {msg.name}: {msg.error}"
+            print(f"failure reported by {msg.role} {msg.name}:\n{msg.traceback}", flush=True)
+        else:
+            raise ProtocolError(f"the planner got an unexpected {type(msg).__name__}")
+
+    # -- registration -------------------------------------------------------------------------
+    def _on_hello(self, identity: bytes, msg: Hello) -> None:
+        if msg.version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"{msg.role} {msg.name} speaks protocol {msg.version}, "
+                f"the planner {PROTOCOL_VERSION}"
+            )
+        if msg.role == "loader":
+            self.loaders[msg.name] = Peer(identity, msg)
+        elif msg.role == "constructor":
+            for rank in msg.ranks:
+                self.rank_constructor[rank] = len(self.constructors)
+            self.constructor_consumed[len(self.constructors)] = 0
+            self.constructors.append(Peer(identity, msg))
+        if not self.running and self._all_registered():
+            self._start()
+
+    def _all_registered(self) -> bool:
+        ranks = set(self.rank_constructor)
+        return len(self.loaders) == self.expected_loaders and ranks == set(range(self.spec.dp))
+
+    def _start(self) -> None:
+        infos = tuple(
+            ConstructorInfo(c.hello.name, c.hello.endpoints["payload"]) for c in self.constructors
+        )
+        for peer in self.loaders.values():
+            transport.send(self.sock, Welcome(constructors=infos), to=peer.identity)
+        self.running = True
+        self.started = time.monotonic()
+        print(
+            f"planner: {len(self.loaders)} loaders, {len(self.constructors)} constructors",
+            flush=True,
+        )
+
+    # -- metadata and progress ----------------------------------------------------------------
+    def _on_meta(self, identity: bytes, msg: Meta) -> None:
+        known = self.known[msg.source]
+        for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
+            known[msg.gpos_start + offset] = (length, sample_id, identity)
+        self.truncated += msg.truncated
+
+    def _on_progress(self, identity: bytes, msg: Progress) -> None:
+        index = next(i for i, c in enumerate(self.constructors) if c.identity == identity)
+        self.constructor_consumed[index] = max(self.constructor_consumed[index], msg.consumed)
+        self.waits.extend(msg.waits_s)
+        self._count_consumed()
+
+    @property
+    def consumed(self) -> int:
+        """Steps that every rank has consumed."""
+        return min(self.constructor_consumed.values(), default=0)
+
+    def _count_consumed(self) -> None:
+        while self.counted < self.consumed and self.counted in self.step_tokens:
+            self.tokens_consumed += self.step_tokens.pop(self.counted)
+            self.source_samples += self.step_sources.pop(self.counted)
+            self.counted += 1
+
+    # -- planning -----------------------------------------------------------------------------
+    def _lookup(self, source: int, gpos: int) -> int | None:
+        entry = self.known[source].get(gpos)
+        return None if entry is None else entry[0]
+
+    def _plan_ahead(self) -> None:
+        limit = self.consumed + self.recipe.constructor.prefetch_steps
+        while self.num_steps is None and self.state.step < limit:
+            result = plan_step(self.spec, self.state, self._lookup)
+            if isinstance(result, NeedData):
+                return
+            if isinstance(result, EndOfStream):
+                self.num_steps = result.step
+                for c in self.constructors:
+                    transport.send(self.sock, End(num_steps=result.step), to=c.identity)
+                return
+            plan, self.state = result
+            self._dispatch(plan)
+
+    def _dispatch(self, plan: StepPlan) -> None:
+        per_constructor: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
+        routes: dict[tuple[bytes, int], tuple[list[int], list[int]]] = {}
+        counts = np.zeros(len(self.recipe.sources), dtype=np.int64)
+        for rank, rank_rows in enumerate(plan.rows):
+            dest = self.rank_constructor[rank]
+            for row, slots in enumerate(rank_rows):
+                for slot in slots:
+                    length, sample_id, loader = self.known[slot.source].pop(slot.gpos)
+                    per_constructor.setdefault(dest, []).append(
+                        (rank, row, slot.source, slot.gpos, sample_id, length)
+                    )
+                    gposes, dests = routes.setdefault((loader, slot.source), ([], []))
+                    gposes.append(slot.gpos)
+                    dests.append(dest)
+                    counts[slot.source] += 1
+        for index, c in enumerate(self.constructors):
+            plan_msg = Plan(step=plan.step, slots=tuple(per_constructor.get(index, [])))
+            transport.send(self.sock, plan_msg, to=c.identity)
+        for (loader, source), (gposes, dests) in routes.items():
+            route = Route(
+                step=plan.step, source=source, gpos=tuple(gposes), constructor=tuple(dests)
+            )
+            transport.send(self.sock, route, to=loader)
+        self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
+        self.step_sources[plan.step] = counts
+
+    # -- status and shutdown ------------------------------------------------------------------
+    def _broadcast(self, msg: Stop) -> None:
+        for peer in [*self.loaders.values(), *self.constructors]:
+            transport.send(self.sock, msg, to=peer.identity)
+
+    def status(self) -> Status:
+        waits = np.array(self.waits) * 1000 if self.waits else np.zeros(1)
+        done = self.num_steps is not None and self.consumed >= self.num_steps
+        state = "done" if done else "running" if self.running else "starting"
+        roles = tuple(
+            (p.hello.role, p.hello.name, p.hello.pid)
+            for p in [*self.constructors, *self.loaders.values()]
+        )
+        return Status(
+            state=state,
+            planned=self.state.step,
+            consumed=self.consumed,
+            steps=self.num_steps if self.num_steps is not None else self.recipe.steps,
+            elapsed_s=time.monotonic() - self.started,
+            tokens_consumed=self.tokens_consumed,
+            source_names=tuple(s.name for s in self.recipe.sources),
+            source_samples=tuple(int(x) for x in self.source_samples),
+            wait_p50_ms=float(np.percentile(waits, 50)),
+            wait_p99_ms=float(np.percentile(waits, 99)),
+            truncated=self.truncated,
+            roles=(("planner", "planner", os.getpid()), *roles),
+            failure=self.failure,
+        )
+
+
+def main(job: JobDir) -> None:
+    Planner(job, job.recipe()).run()

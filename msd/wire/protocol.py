@@ -1,0 +1,250 @@
+"""Every message msd sends, declared once.
+
+A message is one msgpack header (a tagged, frozen struct) followed by zero or more raw buffers
+(token payloads, batch tensors) sent as separate ZeroMQ frames so they are never copied into the
+header. Nothing on the wire is pickled; a peer that sends anything else gets a ProtocolError.
+The protocol version travels in ``Hello``; the Planner refuses a peer of another version.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+
+from msd.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    WELCOME = 2
+    META = 3
+    ROUTE = 4
+    PAYLOAD = 5
+    PLAN = 6
+    END = 7
+    GET = 8
+    BATCH = 9
+    ENDED = 10
+    PROGRESS = 11
+    STATUS_REQUEST = 12
+    STATUS = 13
+    STOP = 14
+    FAILURE = 15
+    REFUSED = 16
+
+
+class _Msg(msgspec.Struct, frozen=True, array_like=True, tag_field="kind"):
+    pass
+
+
+class Hello(_Msg, frozen=True, tag=int(Kind.HELLO)):
+    """A role announces itself to the Planner. ``endpoints`` are the addresses it serves."""
+
+    role: str
+    name: str
+    version: int
+    pid: int
+    node: str = ""
+    endpoints: dict[str, str] = {}
+    ranks: tuple[int, ...] = ()
+    sources: tuple[int, ...] = ()
+
+
+class ConstructorInfo(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    payload_endpoint: str
+
+
+class Welcome(_Msg, frozen=True, tag=int(Kind.WELCOME)):
+    """Planner → loader: where to send payloads (index = the constructor number in ``Route``)."""
+
+    constructors: tuple[ConstructorInfo, ...]
+
+
+class Meta(_Msg, frozen=True, tag=int(Kind.META)):
+    """Loader → Planner: lengths of the samples at positions ``gpos_start ...`` of one source."""
+
+    source: int
+    gpos_start: int
+    lengths: tuple[int, ...]
+    sample_ids: tuple[int, ...]
+    truncated: int = 0
+
+
+class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
+    """Planner → loader: send these samples of ``source`` to these constructors for ``step``."""
+
+    step: int
+    source: int
+    gpos: tuple[int, ...]
+    constructor: tuple[int, ...]
+
+
+class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
+    """Loader → Constructor: one sample's token ids (one int32 buffer follows)."""
+
+    step: int
+    source: int
+    gpos: int
+
+
+class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
+    """Planner → Constructor: for each served rank, the rows of one step.
+
+    ``slots`` are ``(rank, row, source, gpos, sample_id, length)`` in packing order.
+    """
+
+    step: int
+    slots: tuple[tuple[int, int, int, int, int, int], ...]
+
+
+class End(_Msg, frozen=True, tag=int(Kind.END)):
+    """Planner → Constructor: the stream has exactly ``num_steps`` steps."""
+
+    num_steps: int
+
+
+class Get(_Msg, frozen=True, tag=int(Kind.GET)):
+    """Client → Constructor: the batch of ``step`` for ``rank``; earlier steps are consumed."""
+
+    rank: int
+    step: int
+    wait_s: float = 0.0
+
+
+class TensorSpec(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class Batch(_Msg, frozen=True, tag=int(Kind.BATCH)):
+    """Constructor → Client: one buffer per tensor follows, in order."""
+
+    step: int
+    tensors: tuple[TensorSpec, ...]
+
+
+class Ended(_Msg, frozen=True, tag=int(Kind.ENDED)):
+    """Constructor → Client: the stream ended after ``num_steps`` steps."""
+
+    num_steps: int
+
+
+class Refused(_Msg, frozen=True, tag=int(Kind.REFUSED)):
+    """Any server → its peer: the request cannot be served, and why (one sentence)."""
+
+    reason: str
+
+
+class Progress(_Msg, frozen=True, tag=int(Kind.PROGRESS)):
+    """Constructor → Planner: every served rank has consumed all steps before ``consumed``."""
+
+    consumed: int
+    waits_s: tuple[float, ...] = ()
+
+
+class StatusRequest(_Msg, frozen=True, tag=int(Kind.STATUS_REQUEST)):
+    pass
+
+
+class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
+    """Planner → anyone asking: a snapshot of the job (see ``msd.roles.planner``)."""
+
+    state: str
+    planned: int
+    consumed: int
+    steps: int | None
+    elapsed_s: float
+    tokens_consumed: int
+    source_names: tuple[str, ...]
+    source_samples: tuple[int, ...]
+    wait_p50_ms: float
+    wait_p99_ms: float
+    truncated: int
+    roles: tuple[tuple[str, str, int], ...]
+    failure: str = ""
+
+
+class Stop(_Msg, frozen=True, tag=int(Kind.STOP)):
+    reason: str = ""
+
+
+class Failure(_Msg, frozen=True, tag=int(Kind.FAILURE)):
+    """Any role → Planner: it failed; travels as data so status and the launcher can show it."""
+
+    role: str
+    name: str
+    error: str
+    traceback: str = ""
+
+
+Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged structs
+    Hello,
+    Welcome,
+    Meta,
+    Route,
+    Payload,
+    Plan,
+    End,
+    Get,
+    Batch,
+    Ended,
+    Refused,
+    Progress,
+    StatusRequest,
+    Status,
+    Stop,
+    Failure,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message, buffers: Sequence[Any] = ()) -> list[Any]:
+    """Frames for one message: the header, then the raw buffers."""
+    return [_encoder.encode(msg), *buffers]
+
+
+def decode(frames: Sequence[Any]) -> tuple[Message, list[memoryview]]:
+    """Header and buffers of one message (buffers are views on the received frames)."""
+    if not frames:
+        raise ProtocolError("received an empty message")
+    try:
+        msg = _decoder.decode(_as_bytes(frames[0]))
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(f"received a malformed message header: {exc}") from None
+    buffers = [_as_view(f) for f in frames[1:]]
+    _check_buffers(msg, buffers)
+    return msg, buffers
+
+
+def _as_bytes(frame: Any) -> bytes | memoryview:
+    return memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+
+
+def _as_view(frame: Any) -> memoryview:
+    return memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+
+
+def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
+    if isinstance(msg, Payload):
+        expected = 1
+    elif isinstance(msg, Batch):
+        expected = len(msg.tensors)
+        for spec, buf in zip(msg.tensors, buffers, strict=False):
+            size = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+            if buf.nbytes != size:
+                raise ProtocolError(f"tensor {spec.name!r} has {buf.nbytes} bytes, expected {size}")
+    else:
+        expected = 0
+    if len(buffers) != expected:
+        name = type(msg).__name__
+        raise ProtocolError(f"{name} carries {len(buffers)} buffers, expected {expected}")

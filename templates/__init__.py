@@ -1,0 +1,1 @@
+"""Recipe and job-script templates shipped with msd (read with importlib.resources)."""
