@@ -70,6 +70,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         self.timeout_s = timeout_s
         self.step = 0
         self._sock: zmq.Socket[Any] | None = None
+        self._inflight: int | None = None
         self._wait_s = 0.0
 
     # -- Stateful -----------------------------------------------------------------------------
@@ -81,6 +82,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             raise CheckpointError(f"client state has version {state.get('version')!r}, expected 1")
         if state.get("fingerprint") != self.fingerprint:
             raise CheckpointError("client state comes from a job with a different data stream")
+        self.close()  # a request in flight was for another step
         self.step = int(state["step"])
 
     # -- iteration ----------------------------------------------------------------------------
@@ -90,27 +92,35 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             self._sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
         return self._sock
 
+    def _request(self, step: int, consumed: int) -> None:
+        get = Get(rank=self.rank, step=step, consumed=consumed, wait_s=self._wait_s)
+        transport.send(self._socket(), get)
+        self._inflight = step
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while (batch := self.next_batch()) is not None:
             yield batch
 
     def next_batch(self) -> dict[str, torch.Tensor] | None:
-        """The batch of the current step, or None once the stream has ended."""
-        sock = self._socket()
+        """The batch of the current step, or None once the stream has ended.
+
+        Calling it means the previous batch is consumed. The request for the following step
+        goes out before this returns, so its batch arrives while the trainer computes.
+        """
+        if self._inflight != self.step:
+            self._request(self.step, consumed=self.step)
         started = time.perf_counter()
-        transport.send(sock, Get(rank=self.rank, step=self.step, wait_s=self._wait_s))
-        if not sock.poll(int(self.timeout_s * 1000)):
-            raise LaunchError(
-                f"no batch for rank {self.rank} step {self.step} in {self.timeout_s} s"
-            )
-        _, msg, buffers = transport.recv(sock)
+        msg, buffers = self._receive()
         self._wait_s = time.perf_counter() - started
         if isinstance(msg, Ended):
+            self._request(msg.num_steps, consumed=self.step)  # report the last step consumed
+            self._inflight = None
             return None
         if isinstance(msg, Refused):
             raise LaunchError(msg.reason)
         if not isinstance(msg, Batch) or msg.step != self.step:
             raise ProtocolError(f"rank {self.rank} expected the batch of step {self.step}")
+        self._request(self.step + 1, consumed=self.step)
         self.step += 1
         return {
             spec.name: torch.from_numpy(
@@ -118,6 +128,15 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             )
             for spec, buf in zip(msg.tensors, buffers, strict=True)
         }
+
+    def _receive(self) -> tuple[Any, list[memoryview]]:
+        sock = self._socket()
+        if not sock.poll(int(self.timeout_s * 1000)):
+            raise LaunchError(
+                f"no batch for rank {self.rank} step {self.step} in {self.timeout_s:.0f} s"
+            )
+        _, msg, buffers = transport.recv(sock)
+        return msg, buffers
 
     @property
     def last_wait_s(self) -> float:
@@ -128,3 +147,4 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+        self._inflight = None

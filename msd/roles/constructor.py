@@ -51,7 +51,7 @@ class Constructor:
         self.payloads: dict[tuple[int, int], np.ndarray] = {}
         self.ready: dict[tuple[int, int], Built] = {}
         self.parked: dict[tuple[int, int], bytes] = {}
-        self.next_step = {rank: 0 for rank in ranks}
+        self.consumed = {rank: 0 for rank in ranks}
         self.reported = 0
         self.waits: list[float] = []
         self.num_steps: int | None = None
@@ -94,9 +94,12 @@ class Constructor:
             _, msg, buffers = transport.recv(self.payloads_in)
             if not isinstance(msg, Payload):
                 continue
-            self.payloads[(msg.source, msg.gpos)] = np.frombuffer(buffers[0], dtype=np.int32)
+            tokens = np.frombuffer(buffers[0], dtype=np.int32)  # a view: no copy
+            bounds = np.cumsum((0, *msg.lengths))
+            for i, gpos in enumerate(msg.gpos):
+                self.payloads[(msg.source, gpos)] = tokens[bounds[i] : bounds[i + 1]]
             if msg.step in self.missing:
-                self.missing[msg.step] -= 1
+                self.missing[msg.step] -= len(msg.gpos)
                 self._maybe_build(msg.step)
 
     def _on_plan(self, plan: Plan) -> None:
@@ -128,21 +131,21 @@ class Constructor:
         while self.clients.poll(0):
             identity, msg, _ = transport.recv(self.clients)
             assert identity is not None
-            if isinstance(msg, Get) and msg.rank in self.next_step:
+            if isinstance(msg, Get) and msg.rank in self.consumed:
                 self._on_get(identity, msg)
             else:
                 reason = f"constructor {self.node} does not serve rank {getattr(msg, 'rank', '?')}"
                 transport.send(self.clients, Refused(reason=reason), to=identity)
 
     def _on_get(self, identity: bytes, msg: Get) -> None:
-        if msg.step < self.next_step[msg.rank]:
+        if msg.step < self.consumed[msg.rank]:
             reason = f"step {msg.step} of rank {msg.rank} was already consumed"
             transport.send(self.clients, Refused(reason=reason), to=identity)
             return
-        for step in range(self.next_step[msg.rank], msg.step):
-            self.ready.pop((msg.rank, step), None)
-        self.next_step[msg.rank] = msg.step
-        if msg.step > 0:
+        if msg.consumed > self.consumed[msg.rank]:
+            for step in range(self.consumed[msg.rank], msg.consumed):
+                self.ready.pop((msg.rank, step), None)
+            self.consumed[msg.rank] = msg.consumed
             self.waits.append(msg.wait_s)
         self.parked[(msg.rank, msg.step)] = identity
         self._answer_parked()
@@ -160,7 +163,7 @@ class Constructor:
                 )
 
     def _report_progress(self) -> None:
-        consumed = min(self.next_step.values())
+        consumed = min(self.consumed.values())
         if consumed > self.reported or len(self.waits) >= 64:
             self.reported = max(self.reported, consumed)
             transport.send(

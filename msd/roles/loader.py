@@ -88,11 +88,19 @@ class Loader:
         return True
 
     def _route(self, msg: Route) -> None:
+        """One payload message per destination: the routed samples' tokens back to back."""
+        by_dest: dict[int, list[int]] = {}
         for gpos, dest in zip(msg.gpos, msg.constructor, strict=True):
-            tokens = self.held.pop(gpos)
-            self.held_tokens -= len(tokens)
-            payload = Payload(step=msg.step, source=self.source, gpos=gpos)
-            transport.send(self.constructors[dest], payload, [tokens])
+            by_dest.setdefault(dest, []).append(gpos)
+        for dest, gposes in by_dest.items():
+            tokens = [self.held.pop(g) for g in gposes]
+            lengths = tuple(len(t) for t in tokens)
+            self.held_tokens -= sum(lengths)
+            payload = Payload(
+                step=msg.step, source=self.source, gpos=tuple(gposes), lengths=lengths
+            )
+            buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
+            transport.send(self.constructors[dest], payload, [buffer])
 
     def _read_next(self) -> None:
         visit = next(self.visits, None)

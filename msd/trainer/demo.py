@@ -49,6 +49,7 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int) -> None:
                 "source_ids": batch["source_ids"].tolist(),
                 "tokens": int((batch["labels"] != -100).sum()) + len(batch["sample_ids"]),
                 "wait_ms": round(wait_ms, 3),
+                "time": round(time.time(), 6),
                 "cost": cost,
             }
             log.write(json.dumps(record) + "\n")

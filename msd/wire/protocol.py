@@ -87,11 +87,15 @@ class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
 
 
 class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
-    """Loader → Constructor: one sample's token ids (one int32 buffer follows)."""
+    """Loader → Constructor: the token ids of some samples of one source for one step.
+
+    One int32 buffer follows: the samples' tokens back to back, ``lengths`` long each.
+    """
 
     step: int
     source: int
-    gpos: int
+    gpos: tuple[int, ...]
+    lengths: tuple[int, ...]
 
 
 class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
@@ -111,10 +115,15 @@ class End(_Msg, frozen=True, tag=int(Kind.END)):
 
 
 class Get(_Msg, frozen=True, tag=int(Kind.GET)):
-    """Client → Constructor: the batch of ``step`` for ``rank``; earlier steps are consumed."""
+    """Client → Constructor: the batch of ``step`` for ``rank``.
+
+    ``consumed``: the rank has finished every step before it (a Client asks for the next step
+    while the trainer still computes on the current one). ``wait_s``: its last data-wait.
+    """
 
     rank: int
     step: int
+    consumed: int
     wait_s: float = 0.0
 
 
@@ -237,6 +246,9 @@ def _as_view(frame: Any) -> memoryview:
 def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
     if isinstance(msg, Payload):
         expected = 1
+        size = 4 * sum(msg.lengths)
+        if len(msg.gpos) != len(msg.lengths) or (buffers and buffers[0].nbytes != size):
+            raise ProtocolError(f"a payload of {len(msg.gpos)} samples does not match its buffer")
     elif isinstance(msg, Batch):
         expected = len(msg.tensors)
         for spec, buf in zip(msg.tensors, buffers, strict=False):

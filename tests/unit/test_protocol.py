@@ -11,14 +11,17 @@ def test_messages_round_trip():
 
 
 def test_buffers_travel_as_separate_frames():
-    frames = encode(Payload(step=3, source=1, gpos=9), [b"\x01\x00\x00\x00"])
+    frames = encode(Payload(step=3, source=1, gpos=(9,), lengths=(1,)), [b"\x01\x00\x00\x00"])
     msg, buffers = decode(frames)
-    assert msg == Payload(step=3, source=1, gpos=9) and bytes(buffers[0]) == b"\x01\x00\x00\x00"
+    assert (
+        msg == Payload(step=3, source=1, gpos=(9,), lengths=(1,))
+        and bytes(buffers[0]) == b"\x01\x00\x00\x00"
+    )
 
 
 def test_wrong_buffer_counts_and_sizes_are_refused():
     with pytest.raises(ProtocolError, match="expected 1"):
-        decode(encode(Payload(step=3, source=1, gpos=9)))
+        decode(encode(Payload(step=3, source=1, gpos=(9,), lengths=(1,))))
     batch = Batch(step=0, tensors=(TensorSpec("x", "int64", (2,)),))
     with pytest.raises(ProtocolError, match="expected 16"):
         decode(encode(batch, [b"\x00" * 8]))
@@ -31,4 +34,4 @@ def test_garbage_is_a_protocol_error_not_an_unpickle():
         decode([pickle.dumps({"kind": 8})])
     with pytest.raises(ProtocolError):
         decode([msgspec.msgpack.encode([999, 1])])
-    assert decode(encode(Get(rank=1, step=2)))[0] == Get(rank=1, step=2)
+    assert decode(encode(Get(rank=1, step=2, consumed=2)))[0] == Get(rank=1, step=2, consumed=2)
