@@ -1,5 +1,6 @@
 """The built-in demo trainer: reads batches with ``msd.Client`` and "computes" for a time
-proportional to its batch's attention cost, as a data-parallel rank would.
+proportional to its batch's attention cost, then waits for every other rank (a gloo barrier,
+as a data-parallel gradient all-reduce does), so a slow rank slows every rank.
 
 Each step it appends one JSON line to ``JOB/trainer/rank-R.jsonl``: a digest of the batch's
 tensors, the sample and source ids it got, its token count and how long it waited for data.
@@ -13,6 +14,7 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from msd.client import Client
 
@@ -56,12 +58,20 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int) -> None:
             remaining = step_ms / 1000 * cost / full_cost - (time.perf_counter() - started)
             if remaining > 0:
                 time.sleep(remaining)
+            if dist.is_initialized():
+                dist.barrier()
 
 
 def main() -> None:
     client = Client()
     recipe = client.job.recipe()
-    run(client, recipe.trainer.demo.step_ms, recipe.rows_per_rank, recipe.seq_len)
+    if client.world_size > 1:  # MASTER_ADDR / MASTER_PORT come from the launcher
+        dist.init_process_group("gloo", rank=client.rank, world_size=client.world_size)
+    try:
+        run(client, recipe.trainer.demo.step_ms, recipe.rows_per_rank, recipe.seq_len)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":
