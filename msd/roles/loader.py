@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import zmq
 
 from msd.jobdir import JobDir
@@ -26,9 +29,42 @@ from msd.sources.transforms import make_transform
 from msd.wire import transport
 from msd.wire.protocol import Meta, Payload, Route, Stop, Welcome
 
+# Text bytes tokenized per loop turn: small enough that Routes are answered within
+# milliseconds even with a slow tokenizer, large enough that per-message costs stay small.
+CHUNK_BYTES = 64 * 1024
+
 
 def loader_name(source: str, index: int) -> str:
     return f"{source}/{index}"
+
+
+def cell_sizes(column: pa.Array) -> np.ndarray:
+    """Bytes (text) or ids (token lists) of each cell: what tokenizing it will cost."""
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        sizes = pc.list_value_length(column)
+    else:
+        sizes = pc.binary_length(column)
+    return np.asarray(sizes.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def chunk_end(sizes: np.ndarray, start: int, budget: int) -> int:
+    """End of the chunk that starts at ``start``: at least one cell, at most ``budget`` in all."""
+    if start >= len(sizes):
+        return start
+    fits = int(np.searchsorted(np.cumsum(sizes[start:]), budget, side="right"))
+    return start + max(1, fits)
+
+
+@dataclass
+class _Visit:
+    """A block being tokenized chunk by chunk; ``at`` is the next position within it."""
+
+    gpos_start: int
+    first_row: int
+    local_rows: np.ndarray
+    column: pa.Array
+    sizes: np.ndarray
+    at: int = 0
 
 
 class Loader:
@@ -47,6 +83,7 @@ class Loader:
         self.tokenize = make_transform(spec.transform, self.src.column_kind)
         self.reader = RowGroupReader()
         self.visits = self._visits()
+        self.visit: _Visit | None = None
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
         self.exhausted = False
@@ -103,19 +140,39 @@ class Loader:
             transport.send(self.constructors[dest], payload, [buffer])
 
     def _read_next(self) -> None:
-        visit = next(self.visits, None)
-        if visit is None:
-            self.exhausted = True
-            return
-        order, k = visit
-        rows = order.rows_of_visit(k)
+        """Tokenize the next chunk of the current block, opening the next block when needed."""
+        if self.visit is None:
+            self.visit = self._open_visit()
+            if self.visit is None:
+                self.exhausted = True
+                return
+        visit = self.visit
+        end = chunk_end(visit.sizes, visit.at, CHUNK_BYTES)
+        local = visit.local_rows[visit.at : end]
+        tokens = self.tokenize(visit.column.take(pa.array(local)))
+        self._report(visit.gpos_start + visit.at, visit.first_row + local, tokens)
+        visit.at = end
+        if end == len(visit.local_rows):
+            self.visit = None
+
+    def _open_visit(self) -> _Visit | None:
+        """Read (not yet tokenize) the column of this loader's next block."""
+        nxt = next(self.visits, None)
+        if nxt is None:
+            return None
+        order, k = nxt
         block = self.blocks[int(order.block_perm[k])]
-        tokens = self._read_block(block.first_rg, block.num_rg)
+        groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
+        column = pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
+        local_rows = order.rows_of_visit(k) - block.first_row
+        sizes = cell_sizes(column)[local_rows]
         gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
+        return _Visit(gpos_start, block.first_row, local_rows, column, sizes)
+
+    def _report(self, gpos_start: int, rows: np.ndarray, tokens: list[np.ndarray]) -> None:
         seq_len = self.recipe.seq_len
         lengths, truncated = [], 0
-        for offset, row in enumerate(rows):
-            t = tokens[int(row) - block.first_row]
+        for offset, t in enumerate(tokens):
             truncated += len(t) > seq_len
             t = t[:seq_len]
             self.held[gpos_start + offset] = t
@@ -129,12 +186,6 @@ class Loader:
             truncated=truncated,
         )
         transport.send(self.planner, meta)
-
-    def _read_block(self, first_rg: int, num_rg: int) -> list[np.ndarray]:
-        tokens: list[np.ndarray] = []
-        for rg in self.src.row_groups[first_rg : first_rg + num_rg]:
-            tokens.extend(self.tokenize(self.reader.read(rg, self.src.column)))
-        return tokens
 
 
 def main(job: JobDir, source: int, index: int) -> None:
