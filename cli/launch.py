@@ -63,7 +63,7 @@ def launch(
     chosen = cluster or parsed.cluster
     if chosen != "local":
         raise LaunchError(f"cluster {chosen!r} is not available yet; use --cluster local")
-    check_sources(parsed)
+    check_sources(parsed, recipe)
     job = LocalJob(parsed, recipe.read_text(), run_dir)
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
     if not json_out:

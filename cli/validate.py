@@ -18,7 +18,7 @@ def validate(
 ) -> None:
     """Check a recipe and open every source (schemas, columns, files) without starting anything."""
     parsed = load_recipe(recipe)
-    summaries = check_sources(parsed)
+    summaries = check_sources(parsed, recipe)
     table = Table(title=f"{recipe}: valid")
     for column in ("source", "files", "row groups", "rows", "column", "weight", "loaders"):
         table.add_column(column)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from msd.errors import SourceError
+from msd.recipe.load import line_of
 from msd.recipe.schema import Recipe
 from msd.sources.index import SourceIndex, open_source
 from msd.sources.transforms import make_transform
@@ -20,13 +23,20 @@ class SourceSummary:
     loaders: int
 
 
-def check_sources(recipe: Recipe) -> list[SourceSummary]:
+def check_sources(
+    recipe: Recipe, recipe_path: str | os.PathLike[str] | None = None
+) -> list[SourceSummary]:
     """Open every source's files (footers only) and its transform; raise SourceError on the first
-    problem."""
+    problem, prefixed with the recipe file and line of that source when ``recipe_path`` is given."""
     summaries = []
     for i, source in enumerate(recipe.sources):
-        index: SourceIndex = open_source(source, f"sources[{i}]")
-        make_transform(source.transform, index.column_kind)
+        try:
+            index: SourceIndex = open_source(source, f"sources[{i}]")
+            make_transform(source.transform, index.column_kind)
+        except SourceError as e:
+            if recipe_path is None:
+                raise
+            raise SourceError(f"{line_of(recipe_path, f'sources[{i}]')}: {e}") from None
         summaries.append(
             SourceSummary(
                 source.name,

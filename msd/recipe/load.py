@@ -255,3 +255,10 @@ def _describe(typ: mi.Type) -> str:
     if isinstance(typ, mi.LiteralType):
         return "one of " + ", ".join(str(v) for v in typ.values)
     return _SIMPLE.get(type(typ), "a value of the right type")
+
+
+def line_of(path: str | os.PathLike[str], key: str) -> str:
+    """``file:line`` of ``key`` (or of its nearest parent) in an already valid recipe file."""
+    name = os.fspath(path)
+    node, _ = _parse(name, _read_text(name))
+    return _where(name, _line_index(name, node), key).removesuffix(f": {key}")

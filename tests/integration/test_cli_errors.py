@@ -54,9 +54,9 @@ CASES = {
     "unknown key": (_unknown_key, ["recipe.yaml:", "sources[1].wieght", "weight"]),
     "negative weight": (_negative_weight, ["recipe.yaml:", "sources[2].weight"]),
     "all-zero weights": (_zero_weights, ["recipe.yaml:", "weight"]),
-    "missing file": (_missing_file, ["web", "sources[0].path", "nowhere/*.parquet"]),
-    "missing column": (_missing_column, ["code", "body", "sources[1].text_column"]),
-    "not parquet": (_not_parquet, ["web", "x.parquet"]),
+    "missing file": (_missing_file, ["recipe.yaml:", "sources[0].path", "nowhere/*.parquet"]),
+    "missing column": (_missing_column, ["recipe.yaml:", "body", "sources[1].text_column"]),
+    "not parquet": (_not_parquet, ["recipe.yaml:", "web", "x.parquet"]),
 }
 
 

@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pyarrow as pa
 from hypothesis import given
@@ -17,7 +19,7 @@ def test_chunks_cover_every_cell_once_and_respect_the_budget(sizes, budget):
         chunks.append((at, end))
         at = end
     assert chunks[0][0] == 0 and chunks[-1][1] == len(arr)
-    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
 
 
 def test_cell_sizes_of_text_and_token_columns():
