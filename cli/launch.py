@@ -5,8 +5,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Group
 from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 from msd.errors import LaunchError
 from msd.launch.check import check_sources
@@ -17,20 +20,32 @@ from msd.wire.protocol import Status
 from .common import console, err_console, user_errors
 
 
-def progress_table(status: Status, weights: dict[str, float]) -> Table:
-    """One screen: step, throughput, per-source share against its weight, trainer data-wait."""
+def progress_view(status: Status, weights: dict[str, float]) -> Group:
+    """One screen: step, throughput, trainer data-wait, each source's share against its weight."""
     s = summary(status)
-    total = f"/{status.steps}" if status.steps is not None else ""
-    table = Table(
-        title=f"step {status.consumed}{total}  ·  {s['tokens_per_s']:,.0f} tokens/s  ·  "
-        f"data-wait p50 {s['wait_p50_ms']:.2f} ms, p99 {s['wait_p99_ms']:.2f} ms"
+    header = Text.assemble(
+        ("step ", "dim"),
+        (f"{status.consumed}", "bold"),
+        (f"/{status.steps}" if status.steps is not None else "", "dim"),
+        ("  ·  ", "dim"),
+        (f"{s['tokens_per_s']:,.0f}", "bold"),
+        (" tokens/s", "dim"),
+        ("  ·  data-wait p50 ", "dim"),
+        (f"{s['wait_p50_ms']:.2f} ms", "bold"),
+        (" p99 ", "dim"),
+        (f"{s['wait_p99_ms']:.2f} ms", "bold"),
     )
+    bar = Table.grid()  # a grid row ends the bar's line
+    bar.add_row(
+        ProgressBar(total=float(status.steps or 0) or None, completed=status.consumed, width=60)
+    )
+    table = Table(box=None, pad_edge=False)
     table.add_column("source")
     table.add_column("weight", justify="right")
     table.add_column("share of samples", justify="right")
     for name, share in s["sources"].items():
         table.add_row(name, f"{weights[name]:.3f}", f"{share:.3f}")
-    return table
+    return Group(header, bar, table)
 
 
 def _final_table(status: Status) -> Table:
@@ -74,7 +89,7 @@ def launch(
     )
     with live or _Null():
         outcome = job.watch(
-            lambda st: live.update(progress_table(st, weights), refresh=True) if live else None
+            lambda st: live.update(progress_view(st, weights), refresh=True) if live else None
         )
     if not outcome.ok:
         err_console.print(f"[bold red]error:[/] {outcome.message}", highlight=False, soft_wrap=True)
@@ -84,7 +99,8 @@ def launch(
     if json_out:
         print(json.dumps({"job": str(job.job.root), **summary(outcome.status)}, indent=2))
     else:
-        console.print(progress_table(outcome.status, weights))
+        if live is None:
+            console.print(progress_view(outcome.status, weights))
         console.print(_final_table(outcome.status))
 
 
