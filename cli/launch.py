@@ -13,7 +13,7 @@ from rich.text import Text
 
 from msd.errors import LaunchError
 from msd.launch.check import check_sources
-from msd.launch.local import LocalJob, summary
+from msd.launch.local import INTERRUPTED, LocalJob, summary
 from msd.recipe.load import load_recipe
 from msd.wire.protocol import Status
 
@@ -83,17 +83,16 @@ def launch(
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
     if not json_out:
         console.print(f"job folder: {job.job.root}")
-    job.start()
     live = (
         Live(console=console, transient=False, auto_refresh=False) if console.is_terminal else None
     )
     with live or _Null():
-        outcome = job.watch(
+        outcome = job.run(
             lambda st: live.update(progress_view(st, weights), refresh=True) if live else None
         )
     if not outcome.ok:
         err_console.print(f"[bold red]error:[/] {outcome.message}", highlight=False, soft_wrap=True)
-        raise typer.Exit(130 if "interrupted" in outcome.message else 1)
+        raise typer.Exit(130 if outcome.message == INTERRUPTED else 1)
     if outcome.status is None:
         raise LaunchError(f"the job ended without a status from its planner; see {job.job.logs}")
     if json_out:

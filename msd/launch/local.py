@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from msd.errors import MsdError
 from msd.jobdir import JobDir
 from msd.launch import procs
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
@@ -30,6 +33,27 @@ from msd.wire.protocol import Status, StatusRequest, Stop
 
 POLL_S = 0.1
 STATUS_EVERY_S = 0.5
+INTERRUPTED = "interrupted (Ctrl-C); every process of the job was stopped"
+
+
+@contextlib.contextmanager
+def _deferred_sigint() -> Iterator[None]:
+    """Hold a Ctrl-C back while children are forked, then raise it.
+
+    A KeyboardInterrupt raised inside ``fork`` hooks is swallowed by Python, which would leave
+    the launcher running a job the user asked to stop.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hits: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: hits.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hits:
+        raise KeyboardInterrupt
 
 
 @dataclass
@@ -108,8 +132,10 @@ class LocalJob:
             else procs.command_argv(command)
         )
         world = self.recipe.world_size
+        bin_dir = str(Path(sys.executable).parent)  # `python` in a command means msd's interpreter
         base = {
             **self.env,
+            "PATH": os.pathsep.join([bin_dir, self.env.get("PATH", "")]),
             "MSD_JOB": str(self.job.root),
             "MSD_NODE": "local",
             "WORLD_SIZE": str(world),
@@ -125,33 +151,52 @@ class LocalJob:
             self.children.append(child)
 
     # -- watching -----------------------------------------------------------------------------
+    def run(self, on_status: Callable[[Status], None]) -> Outcome:
+        """Start every process, then ``watch``; a Ctrl-C during start-up stops what started."""
+        try:
+            with _deferred_sigint():
+                self.start()
+        except KeyboardInterrupt:
+            procs.stop_all(self.children)
+            self._write_job_json("failed")
+            return Outcome(False, INTERRUPTED, None, self.job)
+        return self.watch(on_status)
+
     def watch(self, on_status: Callable[[Status], None]) -> Outcome:
         """Run until the trainers finish or something fails; always stop every child."""
-        sock = transport.connect(transport.context(), zmq.DEALER, self.job.wait_endpoint("planner"))
+        sock: zmq.Socket[Any] | None = None
         status: Status | None = None
         try:
-            status, failure = self._watch_loop(sock, on_status)
-            if failure is None:
+            endpoint = self.job.wait_endpoint("planner")
+            sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
+            status, failed = self._watch_loop(sock, on_status)
+            if failed is None:
                 status = self._final_status(sock) or status
                 transport.send(sock, Stop(reason="trainers finished"))
                 self._wait_roles(5.0)
+                failure = None
+            else:
+                failure = self._describe_failure(failed, sock, status)
         except KeyboardInterrupt:
-            failure = "interrupted (Ctrl-C); every process of the job was stopped"
+            failure = INTERRUPTED
+        except MsdError as exc:
+            failure = str(exc)
         finally:
             procs.stop_all(self.children)
-            sock.close(linger=0)
+            if sock is not None:
+                sock.close(linger=0)
         self._write_job_json("done" if failure is None else "failed")
         return Outcome(failure is None, failure or "done", status, self.job)
 
     def _watch_loop(
         self, sock: zmq.Socket[Any], on_status: Callable[[Status], None]
-    ) -> tuple[Status | None, str | None]:
+    ) -> tuple[Status | None, procs.Child | None]:
         status: Status | None = None
         next_ask = 0.0
         while True:
-            failure = self._failed_child(status)
-            if failure is not None or all(t.popen.poll() == 0 for t in self.trainers):
-                return status, failure
+            failed = self._failed_child()
+            if failed is not None or all(t.popen.poll() == 0 for t in self.trainers):
+                return status, failed
             if time.monotonic() >= next_ask:
                 transport.send(sock, StatusRequest())
                 next_ask = time.monotonic() + STATUS_EVERY_S
@@ -161,21 +206,29 @@ class LocalJob:
                     status = msg
                     on_status(msg)
 
-    def _failed_child(self, status: Status | None) -> str | None:
+    def _failed_child(self) -> procs.Child | None:
         for child in self.children:
             code = child.popen.poll()
-            if code is None or (child in self.trainers and code == 0):
-                continue
-            reason = f"; it reported: {status.failure}" if status and status.failure else ""
-            return (
-                f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}{reason}; "
-                f"the job was stopped. Log: {child.log}"
-            )
+            if code is not None and not (child in self.trainers and code == 0):
+                return child
         return None
 
-    def _final_status(self, sock: zmq.Socket[Any]) -> Status | None:
+    def _describe_failure(
+        self, child: procs.Child, sock: zmq.Socket[Any], status: Status | None
+    ) -> str:
+        """Name the failed process; add what a role reported, asking the Planner if it lives."""
+        planner = self.children[0]
+        if planner.popen.poll() is None:
+            status = self._final_status(sock, timeout_s=1.0) or status
+        reason = f"; it reported: {status.failure}" if status and status.failure else ""
+        return (
+            f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}{reason}; "
+            f"the job was stopped. Log: {child.log}"
+        )
+
+    def _final_status(self, sock: zmq.Socket[Any], timeout_s: float = 2.0) -> Status | None:
         transport.send(sock, StatusRequest())
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and sock.poll(100):
             msg = transport.recv(sock)[1]
             if isinstance(msg, Status):

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "loader":
         from msd.roles import loader
 
-        name = f"{args.source}/{args.index}"
+        name = loader.loader_name(job.recipe().sources[args.source].name, args.index)
         return run_role(
             "loader",
             name,
