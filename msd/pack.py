@@ -1,10 +1,12 @@
 """Materialise one rank's packed rows as batch arrays (pure numpy, no torch).
 
-Each row holds whole samples back to back, then padding. A sample attends only to itself:
-``position_ids`` restart at every sample and at the padding, and ``cu_seqlens`` (the varlen
-attention convention, over the flattened ``rows × seq_len`` tokens) marks every sample and every
-padding run as its own sequence. ``labels`` are already shifted: ``labels[t]`` is the next token
-of the same sample, and ``IGNORE_INDEX`` at a sample's last token and on padding.
+Each row holds whole samples back to back, then padding. A sample may carry padding of its
+own (``Piece.padded``): pad tokens that belong to its sequence, with ``IGNORE_INDEX`` labels.
+A sample attends only to itself: ``position_ids`` restart at every sample and at the padding,
+and ``cu_seqlens`` (the varlen attention convention, over the flattened ``rows × seq_len``
+tokens) marks every sample and every padding run as its own sequence. ``labels`` are already
+shifted: ``labels[t]`` is the next token of the same sample, and ``IGNORE_INDEX`` at a
+sample's last token and on padding.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ PAD_ID = 0
 
 @dataclass(frozen=True)
 class Piece:
-    """One sample placed in a row."""
+    """One sample (or piece of a split sample) placed in a row, occupying ``padded`` tokens
+    (at least its own length: context parallelism pads every sequence to a multiple of 2·cp)."""
 
     source: int
     sample_id: int
     tokens: np.ndarray
+    padded: int = 0
+    offset: int = 0
 
 
 def pack_rows(rows: Sequence[Sequence[Piece]], seq_len: int) -> dict[str, np.ndarray]:
     """Arrays ``input_ids``, ``labels``, ``position_ids`` ([rows, seq_len] int64), ``cu_seqlens``
-    (int32), ``sample_ids`` and ``source_ids`` (int64, in row order)."""
+    (int32), ``sample_ids``, ``source_ids`` and ``sample_offsets`` (int64, in row order; the
+    offset is where a piece of a split sample starts within it)."""
     num_rows = len(rows)
     input_ids = np.full((num_rows, seq_len), PAD_ID, dtype=np.int64)
     labels = np.full((num_rows, seq_len), IGNORE_INDEX, dtype=np.int64)
@@ -38,13 +44,13 @@ def pack_rows(rows: Sequence[Sequence[Piece]], seq_len: int) -> dict[str, np.nda
     for r, row in enumerate(rows):
         at = 0
         for piece in row:
-            n = len(piece.tokens)
-            if n == 0:
+            n, span = len(piece.tokens), max(len(piece.tokens), piece.padded)
+            if span == 0:
                 continue  # delivered (its id is listed) but occupies no tokens
             input_ids[r, at : at + n] = piece.tokens
             labels[r, at : at + n - 1] = piece.tokens[1:]
-            position_ids[r, at : at + n] = np.arange(n)
-            at += n
+            position_ids[r, at : at + span] = np.arange(span)
+            at += span
             bounds.append(r * seq_len + at)
         if at < seq_len:
             position_ids[r, at:] = np.arange(seq_len - at)
@@ -57,4 +63,5 @@ def pack_rows(rows: Sequence[Sequence[Piece]], seq_len: int) -> dict[str, np.nda
         "cu_seqlens": np.array(bounds, dtype=np.int32),
         "sample_ids": np.array([p.sample_id for p in pieces], dtype=np.int64),
         "source_ids": np.array([p.source for p in pieces], dtype=np.int64),
+        "sample_offsets": np.array([p.offset for p in pieces], dtype=np.int64),
     }

@@ -15,7 +15,7 @@ DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 
 INPUTS = ("input_ids", "position_ids")
 LABELS = ("labels",)
-METADATA = ("cu_seqlens", "sample_ids", "source_ids")
+METADATA = ("cu_seqlens", "sample_ids", "source_ids", "sample_offsets")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import math
 import re
 from typing import NamedTuple
 
+from msd.recipe.plan_checks import check_plan
 from msd.recipe.schema import Recipe, Source, Transform
 
 # Source names end up in file names, metric labels and checkpoint keys, so keep them plain.
@@ -29,7 +30,8 @@ def check_recipe(recipe: Recipe) -> list[Problem]:
     problems = _check_sources(recipe.sources)
     for i, source in enumerate(recipe.sources):
         problems += _check_source(f"sources[{i}]", source)
-    return problems + _check_batch(recipe) + _check_steps(recipe) + _check_rest(recipe)
+    problems += _check_batch(recipe) + _check_steps(recipe) + _check_rest(recipe)
+    return problems + [Problem(*p) for p in check_plan(recipe)]
 
 
 def _at_least(key: str, value: float, low: float, fix: str) -> list[Problem]:
@@ -164,15 +166,14 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
 
 
 def _check_trainer(recipe: Recipe) -> list[Problem]:
-    trainer, dp = recipe.trainer, recipe.distribute.dp
+    trainer, world = recipe.trainer, recipe.world_size
     problems: list[Problem] = []
     if not trainer.command.strip():
         fix = "use demo for the built-in trainer, or a shell command"
         problems.append(Problem("trainer.command", f"is empty; {fix}"))
-    if trainer.ranks is not None and trainer.ranks != dp:
-        fix = f"set ranks to {dp} or omit it"
-        problems.append(
-            Problem("trainer.ranks", f"must equal distribute.dp = {dp}, got {trainer.ranks}; {fix}")
-        )
+    if trainer.ranks is not None and trainer.ranks != world:
+        fix = f"set ranks to {world} or omit it"
+        what = f"must equal dp * pp * cp * tp = {world}, got {trainer.ranks}"
+        problems.append(Problem("trainer.ranks", f"{what}; {fix}"))
     fix = "use a non-negative time in milliseconds"
     return problems + _finite_at_least_0("trainer.demo.step_ms", trainer.demo.step_ms, fix)

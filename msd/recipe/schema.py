@@ -41,9 +41,56 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
 
 class Distribute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The trainer topology. Only data parallelism so far."""
+    """The trainer topology (the paper's ClientPlaceTree): sizes of each parallel axis.
+
+    ``order`` lists the axes fastest-varying first; the default is Megatron's. TP peers share one
+    copy of a batch, CP ranks get their load-balanced slices of every sequence, and only the
+    first and last pipeline stages get token tensors.
+    """
 
     dp: int = 1
+    pp: int = 1
+    cp: int = 1
+    tp: int = 1
+    order: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+
+
+class Milestone(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """From ``step`` on (or, with linear interpolation, reached at ``step``), these weights."""
+
+    step: int
+    weights: dict[str, float]
+
+
+class Mix(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A per-source weight schedule over steps; each source starts at its ``weight``.
+
+    interpolate: ``linear`` ramps each source's weight between its milestones (curriculum);
+    ``step`` holds it until the next milestone (piecewise constant).
+    """
+
+    interpolate: Literal["linear", "step"] = "linear"
+    milestones: tuple[Milestone, ...] = ()
+
+
+class Cost(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Per-sample cost from metadata: ``attn·len² + lin·len``, or ``function`` (``module:fn``)
+    mapping an int64 array of lengths to a float array of costs."""
+
+    attn: float = 1.0
+    lin: float = 256.0
+    function: str | None = None
+
+
+class Balance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How a global batch is split over DP ranks and micro-batches.
+
+    long_samples: a sample longer than ``seq_len`` is ``split`` into pieces (each its own
+    sequence), ``truncate``d, or ``drop``ped; the count is reported either way.
+    """
+
+    method: Literal["greedy", "karmarkar_karp", "none"] = "greedy"
+    long_samples: Literal["split", "truncate", "drop"] = "split"
 
 
 class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -64,9 +111,13 @@ class ConstructorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True
 
 
 class DemoTrainer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The built-in trainer: "computes" ``step_ms`` scaled by its batch's attention cost."""
+    """The built-in trainer: "computes" ``step_ms`` scaled by its batch's attention cost.
+
+    save_batches: also write every batch it receives to the job folder (for inspection).
+    """
 
     step_ms: float = 10.0
+    save_batches: bool = False
 
 
 class Trainer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -86,7 +137,11 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     name: str = "msd-job"
     seed: int = 0
     steps: int | None = None
+    micro_batch_size: int = 1
     distribute: Distribute = Distribute()
+    mix: Mix = Mix()
+    cost: Cost = Cost()
+    balance: Balance = Balance()
     loader: LoaderOptions = LoaderOptions()
     constructor: ConstructorOptions = ConstructorOptions()
     trainer: Trainer = Trainer()
@@ -94,12 +149,17 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
     @property
     def world_size(self) -> int:
-        return self.distribute.dp
+        d = self.distribute
+        return d.dp * d.pp * d.cp * d.tp
 
     @property
     def rows_per_rank(self) -> int:
         """Packed rows of ``seq_len`` tokens each DP rank receives per step."""
         return self.global_batch_tokens // (self.distribute.dp * self.seq_len)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.rows_per_rank // self.micro_batch_size
 
     @property
     def loader_buffer_tokens(self) -> int:
@@ -113,10 +173,10 @@ def stream_fingerprint(recipe: Recipe) -> str:
         "seq_len": recipe.seq_len,
         "global_batch_tokens": recipe.global_batch_tokens,
         "block_row_groups": recipe.loader.block_row_groups,
+        "mix": msgspec.to_builtins(recipe.mix),
         "sources": [
             {
                 "name": s.name,
-                "path": s.path,
                 "weight": s.weight,
                 "text_column": s.text_column,
                 "token_column": s.token_column,

@@ -1,9 +1,11 @@
 """Data Constructor: the sidecar that builds and serves batches for the ranks on its node.
 
-It receives each step's plan from the Planner and the payloads straight from loaders, packs every
-served rank's rows once all payloads of the step are in (``msd.pack``), and answers each rank's
-``Get`` from its buffer of ready batches. It reports consumption (and the trainers' data-wait)
-back to the Planner, which is what lets the Planner plan ahead without running away.
+It receives each step's plan from the Planner and the payloads straight from loaders, packs each
+data-parallel rank's rows once all payloads of the step are in (``msd.pack``), cuts the context-
+parallel slices (``msd.shard``), and answers each trainer rank's ``Get`` from its buffer of ready
+batches: one copy per (DP rank, CP rank) and step, shared by every TP peer and pipeline stage
+that reads it (a stage gets only the tensors it uses). It reports consumption (and the trainers'
+data-wait) back to the Planner, which is what lets the Planner plan ahead without running away.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from msd.jobdir import JobDir
 from msd.pack import Piece, pack_rows
 from msd.recipe.schema import Recipe
 from msd.roles.common import connect_planner, hello
+from msd.roles.planner import topology_of
+from msd.shard import cp_slice
 from msd.wire import transport
 from msd.wire.protocol import (
     Batch,
@@ -29,7 +33,7 @@ from msd.wire.protocol import (
     TensorSpec,
 )
 
-Built = tuple[Batch, list[np.ndarray]]
+Arrays = dict[str, np.ndarray]
 
 
 def constructor_endpoint_name(node: str) -> str:
@@ -41,6 +45,11 @@ class Constructor:
         self.recipe = recipe
         self.node = node
         self.ranks = ranks
+        self.topology = topology_of(recipe)
+        self.coords = {rank: self.topology.coords(rank) for rank in ranks}
+        self.groups: dict[tuple[int, int], list[int]] = {}
+        for rank, c in self.coords.items():
+            self.groups.setdefault((c.dp, c.cp), []).append(rank)
         ctx = transport.context()
         self.clients, client_endpoint = transport.bind(ctx, zmq.ROUTER)
         self.payloads_in, payload_endpoint = transport.bind(ctx, zmq.PULL)
@@ -49,21 +58,22 @@ class Constructor:
         self.plans: dict[int, Plan] = {}
         self.missing: dict[int, int] = {}
         self.payloads: dict[tuple[int, int], np.ndarray] = {}
-        self.ready: dict[tuple[int, int], Built] = {}
+        self.ready: dict[tuple[int, int, int], Arrays] = {}
         self.parked: dict[tuple[int, int], bytes] = {}
         self.consumed = {rank: 0 for rank in ranks}
         self.reported = 0
+        self.step_bytes = 0
+        self.built: set[int] = set()
+        self.built_upto = 0
         self.waits: list[float] = []
         self.num_steps: int | None = None
         job.publish(constructor_endpoint_name(node), client_endpoint)
 
     def run(self) -> None:
-        transport.send(
-            self.planner,
-            hello(
-                "constructor", self.node, node=self.node, endpoints=self.endpoints, ranks=self.ranks
-            ),
+        hi = hello(
+            "constructor", self.node, node=self.node, endpoints=self.endpoints, ranks=self.ranks
         )
+        transport.send(self.planner, hi)
         poller = zmq.Poller()
         for sock in (self.planner, self.payloads_in, self.clients):
             poller.register(sock, zmq.POLLIN)
@@ -104,8 +114,8 @@ class Constructor:
 
     def _on_plan(self, plan: Plan) -> None:
         self.plans[plan.step] = plan
-        present = sum((s[2], s[3]) in self.payloads for s in plan.slots)
-        self.missing[plan.step] = len(plan.slots) - present
+        needed = {(s[2], s[3]) for s in plan.slots}
+        self.missing[plan.step] = len(needed) - sum(key in self.payloads for key in needed)
         self._maybe_build(plan.step)
 
     # -- building -----------------------------------------------------------------------------
@@ -114,17 +124,29 @@ class Constructor:
             return
         plan = self.plans.pop(step)
         del self.missing[step]
-        rows: dict[int, list[list[Piece]]] = {
-            r: [[] for _ in range(self.recipe.rows_per_rank)] for r in self.ranks
-        }
-        for rank, row, source, gpos, sample_id, _length in plan.slots:
-            tokens = self.payloads.pop((source, gpos))
-            rows[rank][row].append(Piece(source, sample_id, tokens))
-        for rank, rank_rows in rows.items():
-            arrays = pack_rows(rank_rows, self.recipe.seq_len)
-            specs = tuple(TensorSpec(k, str(v.dtype), v.shape) for k, v in arrays.items())
-            self.ready[(rank, step)] = (Batch(step=step, tensors=specs), list(arrays.values()))
+        rows = self._rows(plan)
+        size = 0
+        for dp, cp_rank in self.groups:
+            arrays = cp_slice(pack_rows(rows[dp], self.recipe.seq_len), self.topology.cp, cp_rank)
+            self.ready[(dp, cp_rank, step)] = arrays
+            size += sum(a.nbytes for a in arrays.values())
+        self.step_bytes = max(self.step_bytes, size)
+        self.built.add(step)
+        while self.built_upto in self.built:
+            self.built.remove(self.built_upto)
+            self.built_upto += 1
+        for slot in plan.slots:
+            self.payloads.pop((slot[2], slot[3]), None)
         self._answer_parked()
+
+    def _rows(self, plan: Plan) -> dict[int, list[list[Piece]]]:
+        rows: dict[int, list[list[Piece]]] = {
+            dp: [[] for _ in range(self.recipe.rows_per_rank)] for dp, _ in self.groups
+        }
+        for dp, row, source, gpos, sample_id, length, offset, padded in plan.slots:
+            tokens = self.payloads[(source, gpos)][offset : offset + length]
+            rows[dp][row].append(Piece(source, sample_id, tokens, padded, offset))
+        return rows
 
     # -- serving ------------------------------------------------------------------------------
     def _drain_clients(self) -> None:
@@ -143,32 +165,51 @@ class Constructor:
             transport.send(self.clients, Refused(reason=reason), to=identity)
             return
         if msg.consumed > self.consumed[msg.rank]:
-            for step in range(self.consumed[msg.rank], msg.consumed):
-                self.ready.pop((msg.rank, step), None)
             self.consumed[msg.rank] = msg.consumed
             self.waits.append(msg.wait_s)
+            self._free(msg.rank)
         self.parked[(msg.rank, msg.step)] = identity
         self._answer_parked()
         self._report_progress()
 
+    def _free(self, rank: int) -> None:
+        """Drop a group's batches of the steps every rank of the group has consumed."""
+        c = self.coords[rank]
+        done = min(self.consumed[r] for r in self.groups[(c.dp, c.cp)])
+        for key in [k for k in self.ready if k[:2] == (c.dp, c.cp) and k[2] < done]:
+            del self.ready[key]
+
     def _answer_parked(self) -> None:
         for key in list(self.parked):
-            _rank, step = key
-            if key in self.ready:
-                batch, arrays = self.ready[key]
-                transport.send(self.clients, batch, arrays, to=self.parked.pop(key))
+            rank, step = key
+            c = self.coords[rank]
+            arrays = self.ready.get((c.dp, c.cp, step))
+            if arrays is not None:
+                self._send_batch(self.parked.pop(key), step, arrays, self.topology.tensors(c))
             elif self.num_steps is not None and step >= self.num_steps:
                 transport.send(
                     self.clients, Ended(num_steps=self.num_steps), to=self.parked.pop(key)
                 )
 
+    def _send_batch(
+        self, identity: bytes, step: int, arrays: Arrays, names: tuple[str, ...]
+    ) -> None:
+        specs = tuple(TensorSpec(n, str(arrays[n].dtype), arrays[n].shape) for n in names)
+        transport.send(
+            self.clients, Batch(step=step, tensors=specs), [arrays[n] for n in names], to=identity
+        )
+
     def _report_progress(self) -> None:
         consumed = min(self.consumed.values())
         if consumed > self.reported or len(self.waits) >= 64:
             self.reported = max(self.reported, consumed)
-            transport.send(
-                self.planner, Progress(consumed=self.reported, waits_s=tuple(self.waits))
+            progress = Progress(
+                consumed=self.reported,
+                waits_s=tuple(self.waits),
+                step_bytes=self.step_bytes,
+                built=self.built_upto,
             )
+            transport.send(self.planner, progress)
             self.waits.clear()
 
 

@@ -27,7 +27,7 @@ from msd.sources.index import SourceIndex, open_source, source_key
 from msd.sources.read import RowGroupReader
 from msd.sources.transforms import make_transform
 from msd.wire import transport
-from msd.wire.protocol import Meta, Payload, Route, Stop, Welcome
+from msd.wire.protocol import DISCARD, Meta, Payload, Route, Stop, Want, Welcome
 
 # Text bytes tokenized per loop turn: small enough that Routes are answered within
 # milliseconds even with a slow tokenizer, large enough that per-message costs stay small.
@@ -83,10 +83,11 @@ class Loader:
         self.tokenize = make_transform(spec.transform, self.src.column_kind)
         self.reader = RowGroupReader()
         self.visits = self._visits()
+        self.upcoming = next(self.visits, None)
         self.visit: _Visit | None = None
+        self.want = -1
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
-        self.exhausted = False
         self.planner = connect_planner(job, f"loader/{self.name}")
         self.constructors: list[zmq.Socket[Any]] = []
 
@@ -105,12 +106,28 @@ class Loader:
         poller = zmq.Poller()
         poller.register(self.planner, zmq.POLLIN)
         while True:
-            can_read = not self.exhausted and self.held_tokens < self.recipe.loader_buffer_tokens
+            can_read = self._can_read()
             for _ in dict(poller.poll(0 if can_read else 100)):
                 if not self._handle(*transport.recv(self.planner)[1:]):
                     return
             if can_read:
                 self._read_next()
+
+    def _can_read(self) -> bool:
+        """Read ahead within the buffer, and past it up to a position the Planner waits for
+        (the buffer may be full of samples the Planner took but has not placed yet)."""
+        position = self._next_gpos()
+        if position is None:
+            return False
+        return self.held_tokens < self.recipe.loader_buffer_tokens or position <= self.want
+
+    def _next_gpos(self) -> int | None:
+        if self.visit is not None:
+            return self.visit.gpos_start + self.visit.at
+        if self.upcoming is None:
+            return None
+        order, k = self.upcoming
+        return order.epoch * order.num_rows + int(order.block_starts[k])
 
     def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
         if isinstance(msg, Welcome):
@@ -120,6 +137,8 @@ class Loader:
             ]
         elif isinstance(msg, Route):
             self._route(msg)
+        elif isinstance(msg, Want):
+            self.want = max(self.want, msg.gpos)
         elif isinstance(msg, Stop):
             return False
         return True
@@ -129,22 +148,23 @@ class Loader:
         by_dest: dict[int, list[int]] = {}
         for gpos, dest in zip(msg.gpos, msg.constructor, strict=True):
             by_dest.setdefault(dest, []).append(gpos)
+        by_dest.pop(DISCARD, None)  # dropped by the plan: only forgotten
         for dest, gposes in by_dest.items():
-            tokens = [self.held.pop(g) for g in gposes]
+            tokens = [self.held[g] for g in gposes]
             lengths = tuple(len(t) for t in tokens)
-            self.held_tokens -= sum(lengths)
             payload = Payload(
                 step=msg.step, source=self.source, gpos=tuple(gposes), lengths=lengths
             )
             buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
             transport.send(self.constructors[dest], payload, [buffer])
+        for gpos in set(msg.gpos):
+            self.held_tokens -= len(self.held.pop(gpos))
 
     def _read_next(self) -> None:
         """Tokenize the next chunk of the current block, opening the next block when needed."""
         if self.visit is None:
             self.visit = self._open_visit()
             if self.visit is None:
-                self.exhausted = True
                 return
         visit = self.visit
         end = chunk_end(visit.sizes, visit.at, CHUNK_BYTES)
@@ -157,10 +177,10 @@ class Loader:
 
     def _open_visit(self) -> _Visit | None:
         """Read (not yet tokenize) the column of this loader's next block."""
-        nxt = next(self.visits, None)
-        if nxt is None:
+        if self.upcoming is None:
             return None
-        order, k = nxt
+        order, k = self.upcoming
+        self.upcoming = next(self.visits, None)
         block = self.blocks[int(order.block_perm[k])]
         groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
         column = pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
@@ -170,20 +190,15 @@ class Loader:
         return _Visit(gpos_start, block.first_row, local_rows, column, sizes)
 
     def _report(self, gpos_start: int, rows: np.ndarray, tokens: list[np.ndarray]) -> None:
-        seq_len = self.recipe.seq_len
-        lengths, truncated = [], 0
+        """Keep the tokens; tell the Planner their lengths (it decides on long samples)."""
         for offset, t in enumerate(tokens):
-            truncated += len(t) > seq_len
-            t = t[:seq_len]
             self.held[gpos_start + offset] = t
             self.held_tokens += len(t)
-            lengths.append(len(t))
         meta = Meta(
             source=self.source,
             gpos_start=gpos_start,
-            lengths=tuple(lengths),
+            lengths=tuple(len(t) for t in tokens),
             sample_ids=tuple(int(r) for r in rows),
-            truncated=truncated,
         )
         transport.send(self.planner, meta)
 

@@ -17,11 +17,16 @@ import zmq
 
 from msd.errors import ProtocolError
 from msd.jobdir import JobDir
+from msd.plan.cost import CostModel
+from msd.plan.lifecycle import SampleGraph
+from msd.plan.schedule import schedule_of
 from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
+from msd.plan.topology import Topology
 from msd.recipe.schema import Recipe
 from msd.sources.index import open_source
 from msd.wire import transport
 from msd.wire.protocol import (
+    DISCARD,
     PROTOCOL_VERSION,
     ConstructorInfo,
     End,
@@ -34,21 +39,33 @@ from msd.wire.protocol import (
     Status,
     StatusRequest,
     Stop,
+    Want,
     Welcome,
 )
 
 
 def stream_spec(recipe: Recipe, num_rows: tuple[int, ...]) -> StreamSpec:
+    cp = recipe.distribute.cp
     return StreamSpec(
         seed=recipe.seed,
-        weights=tuple(s.weight for s in recipe.sources),
+        schedule=schedule_of(recipe),
         num_rows=num_rows,
         repeat=tuple(s.repeat for s in recipe.sources),
         dp=recipe.distribute.dp,
-        rows_per_rank=recipe.rows_per_rank,
+        micro_batches=recipe.micro_batches,
+        micro_batch_size=recipe.micro_batch_size,
         seq_len=recipe.seq_len,
         steps=recipe.steps,
+        pad_multiple=2 * cp if cp > 1 else 1,
+        long_samples=recipe.balance.long_samples,
+        method=recipe.balance.method,
+        cost=CostModel(recipe.cost.attn, recipe.cost.lin, recipe.cost.function),
     )
+
+
+def topology_of(recipe: Recipe) -> Topology:
+    d = recipe.distribute
+    return Topology(d.dp, d.pp, d.cp, d.tp, d.order)
 
 
 class Peer:
@@ -70,7 +87,9 @@ class Planner:
         self.expected_loaders = sum(s.loaders for s in recipe.sources)
         self.loaders: dict[str, Peer] = {}
         self.constructors: list[Peer] = []
-        self.rank_constructor: dict[int, int] = {}
+        self.topology = topology_of(recipe)
+        self.ranks: set[int] = set()
+        self.dp_constructors: dict[int, set[int]] = {}
         self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {
             i: {} for i in range(len(recipe.sources))
         }
@@ -81,8 +100,12 @@ class Planner:
         self.source_samples = np.zeros(len(recipe.sources), dtype=np.int64)
         self.counted = 0
         self.waits: deque[float] = deque(maxlen=2000)
-        self.truncated = 0
+        self.counts = {"split": 0, "truncated": 0, "dropped": 0}
         self.num_steps: int | None = None
+        self.wanted: dict[int, int] = {}
+        self.step_bytes: dict[int, int] = {}
+        self.built: dict[int, int] = {}
+        self.graph = SampleGraph(window=max(64, 4 * recipe.constructor.prefetch_steps))
         self.started = time.monotonic()
         self.failure = ""
         self.running = False
@@ -134,16 +157,19 @@ class Planner:
         if msg.role == "loader":
             self.loaders[msg.name] = Peer(identity, msg)
         elif msg.role == "constructor":
+            index = len(self.constructors)
             for rank in msg.ranks:
-                self.rank_constructor[rank] = len(self.constructors)
-            self.constructor_consumed[len(self.constructors)] = 0
+                dp = self.topology.coords(rank).dp
+                self.dp_constructors.setdefault(dp, set()).add(index)
+            self.ranks.update(msg.ranks)
+            self.constructor_consumed[index] = 0
             self.constructors.append(Peer(identity, msg))
         if not self.running and self._all_registered():
             self._start()
 
     def _all_registered(self) -> bool:
-        ranks = set(self.rank_constructor)
-        return len(self.loaders) == self.expected_loaders and ranks == set(range(self.spec.dp))
+        everyone = set(range(self.topology.world_size))
+        return len(self.loaders) == self.expected_loaders and self.ranks == everyone
 
     def _start(self) -> None:
         infos = tuple(
@@ -163,11 +189,13 @@ class Planner:
         known = self.known[msg.source]
         for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
             known[msg.gpos_start + offset] = (length, sample_id, identity)
-        self.truncated += msg.truncated
 
     def _on_progress(self, identity: bytes, msg: Progress) -> None:
         index = next(i for i, c in enumerate(self.constructors) if c.identity == identity)
         self.constructor_consumed[index] = max(self.constructor_consumed[index], msg.consumed)
+        self.step_bytes[index] = max(self.step_bytes.get(index, 0), msg.step_bytes)
+        self.built[index] = max(self.built.get(index, 0), msg.built)
+        self.graph.on_delivered(min(self.built.values()))
         self.waits.extend(msg.waits_s)
         self._count_consumed()
 
@@ -177,6 +205,7 @@ class Planner:
         return min(self.constructor_consumed.values(), default=0)
 
     def _count_consumed(self) -> None:
+        self.graph.on_consumed(self.consumed)
         while self.counted < self.consumed and self.counted in self.step_tokens:
             self.tokens_consumed += self.step_tokens.pop(self.counted)
             self.source_samples += self.step_sources.pop(self.counted)
@@ -192,6 +221,7 @@ class Planner:
         while self.num_steps is None and self.state.step < limit:
             result = plan_step(self.spec, self.state, self._lookup)
             if isinstance(result, NeedData):
+                self._want(result)
                 return
             if isinstance(result, EndOfStream):
                 self.num_steps = result.step
@@ -201,32 +231,66 @@ class Planner:
             plan, self.state = result
             self._dispatch(plan)
 
+    def _want(self, need: NeedData) -> None:
+        """Tell the source's loaders once which position planning waits for."""
+        if self.wanted.get(need.source, -1) >= need.gpos:
+            return
+        self.wanted[need.source] = need.gpos
+        for peer in self.loaders.values():
+            if need.source in peer.hello.sources:
+                transport.send(
+                    self.sock, Want(source=need.source, gpos=need.gpos), to=peer.identity
+                )
+
     def _dispatch(self, plan: StepPlan) -> None:
-        per_constructor: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
-        routes: dict[tuple[bytes, int], tuple[list[int], list[int]]] = {}
+        """Each Constructor its DP ranks' rows; each loader where to send what it holds."""
+        per_constructor: dict[int, list[tuple[int, int, int, int, int, int, int, int]]] = {}
+        routes: dict[tuple[bytes, int], dict[int, set[int]]] = {}
         counts = np.zeros(len(self.recipe.sources), dtype=np.int64)
-        for rank, rank_rows in enumerate(plan.rows):
-            dest = self.rank_constructor[rank]
+        for dp, rank_rows in enumerate(plan.rows):
+            dests = self.dp_constructors[dp]
             for row, slots in enumerate(rank_rows):
                 for slot in slots:
-                    length, sample_id, loader = self.known[slot.source].pop(slot.gpos)
-                    per_constructor.setdefault(dest, []).append(
-                        (rank, row, slot.source, slot.gpos, sample_id, length)
+                    _, sample_id, loader = self.known[slot.source][slot.gpos]
+                    entry = (
+                        dp,
+                        row,
+                        slot.source,
+                        slot.gpos,
+                        sample_id,
+                        slot.length,
+                        slot.offset,
+                        slot.padded,
                     )
-                    gposes, dests = routes.setdefault((loader, slot.source), ([], []))
-                    gposes.append(slot.gpos)
-                    dests.append(dest)
-                    counts[slot.source] += 1
+                    for dest in dests:
+                        per_constructor.setdefault(dest, []).append(entry)
+                    routes.setdefault((loader, slot.source), {}).setdefault(
+                        slot.gpos, set()
+                    ).update(dests)
+                    counts[slot.source] += slot.offset == 0
+        for source, gpos in plan.dropped:
+            loader = self.known[source][gpos][2]
+            routes.setdefault((loader, source), {})[gpos] = {DISCARD}
+        for (loader, source), by_gpos in routes.items():
+            for gpos in by_gpos:
+                self.known[source].pop(gpos)
+            pairs = [(g, d) for g, ds in sorted(by_gpos.items()) for d in sorted(ds)]
+            route = Route(
+                step=plan.step,
+                source=source,
+                gpos=tuple(g for g, _ in pairs),
+                constructor=tuple(d for _, d in pairs),
+            )
+            transport.send(self.sock, route, to=loader)
         for index, c in enumerate(self.constructors):
             plan_msg = Plan(step=plan.step, slots=tuple(per_constructor.get(index, [])))
             transport.send(self.sock, plan_msg, to=c.identity)
-        for (loader, source), (gposes, dests) in routes.items():
-            route = Route(
-                step=plan.step, source=source, gpos=tuple(gposes), constructor=tuple(dests)
-            )
-            transport.send(self.sock, route, to=loader)
+        keys = {(s.source, s.gpos) for s in plan.slots}
+        self.graph.on_assigned(plan.step, keys, carried=self.state.carry)
         self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
         self.step_sources[plan.step] = counts
+        for key in self.counts:
+            self.counts[key] += getattr(plan.counts, key)
 
     # -- status and shutdown ------------------------------------------------------------------
     def _broadcast(self, msg: Stop) -> None:
@@ -252,7 +316,11 @@ class Planner:
             source_samples=tuple(int(x) for x in self.source_samples),
             wait_p50_ms=float(np.percentile(waits, 50)),
             wait_p99_ms=float(np.percentile(waits, 99)),
-            truncated=self.truncated,
+            truncated=self.counts["truncated"],
+            split=self.counts["split"],
+            dropped=self.counts["dropped"],
+            constructor_step_bytes=sum(self.step_bytes.values()),
+            lifecycle=self.graph.counts(reported=sum(len(k) for k in self.known.values())),
             roles=(("planner", "planner", os.getpid()), *roles),
             failure=self.failure,
         )

@@ -3,7 +3,8 @@ proportional to its batch's attention cost, then waits for every other rank (a g
 as a data-parallel gradient all-reduce does), so a slow rank slows every rank.
 
 Each step it appends one JSON line to ``JOB/trainer/rank-R.jsonl``: a digest of the batch's
-tensors, the sample and source ids it got, its token count and how long it waited for data.
+tensors, the sample and source ids it got, its token count and how long it waited for data;
+with ``save_batches`` also the tensors themselves, as ``JOB/trainer/rank-R/step-S.npz``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,43 +20,54 @@ import torch.distributed as dist
 
 from msd.client import Client
 
-_DIGESTED = ("input_ids", "labels", "position_ids", "cu_seqlens", "sample_ids", "source_ids")
-
 
 def batch_digest(batch: dict[str, torch.Tensor]) -> str:
+    """One hash over every tensor the rank received (names included)."""
     h = hashlib.sha256()
-    for name in _DIGESTED:
+    for name in sorted(batch):
         h.update(name.encode())
         h.update(batch[name].numpy().tobytes())
     return h.hexdigest()
 
 
-def attention_cost(cu_seqlens: torch.Tensor, labels: torch.Tensor) -> float:
-    """Σ len² over the real (non-padding) sequences of the batch."""
-    lens = np.diff(cu_seqlens.numpy().astype(np.int64))
-    starts = cu_seqlens.numpy()[:-1]
-    real = labels.numpy().reshape(-1)[np.minimum(starts, labels.numel() - 1)] != -100
-    return float(np.sum(lens[real & (lens > 1)] ** 2))
+def attention_cost(cu_seqlens: torch.Tensor) -> float:
+    """Σ len² over the batch's sequences (what varlen attention computes)."""
+    lens = np.diff(cu_seqlens.numpy().astype(np.float64))
+    return float(np.square(lens).sum())
 
 
-def run(client: Client, step_ms: float, rows: int, seq_len: int) -> None:
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Sample tokens in the batch (padding excluded when the rank has the labels to tell)."""
+    if "labels" in batch:
+        return int((batch["labels"] != -100).sum()) + len(batch["sample_ids"])
+    return int(batch["cu_seqlens"][-1])
+
+
+def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> None:
     full_cost = rows * float(seq_len) ** 2
+    saved = client.job.trainer / f"rank-{client.rank}"
     with open(client.job.rank_log(client.rank), "w") as log:
         for batch in client:
             wait_ms = client.last_wait_s * 1000
             started = time.perf_counter()
-            cost = attention_cost(batch["cu_seqlens"], batch["labels"])
+            cost = attention_cost(batch["cu_seqlens"])
             record = {
                 "step": client.step - 1,
                 "digest": batch_digest(batch),
+                "tensors": sorted(batch),
                 "sample_ids": batch["sample_ids"].tolist(),
                 "source_ids": batch["source_ids"].tolist(),
-                "tokens": int((batch["labels"] != -100).sum()) + len(batch["sample_ids"]),
+                "sample_offsets": batch["sample_offsets"].tolist(),
+                "tokens": real_tokens(batch),
                 "wait_ms": round(wait_ms, 3),
                 "time": round(time.time(), 6),
                 "cost": cost,
             }
             log.write(json.dumps(record) + "\n")
+            if save:
+                saved.mkdir(exist_ok=True)
+                arrays: dict[str, Any] = {k: v.numpy() for k, v in batch.items()}
+                np.savez(saved / f"step-{client.step - 1}.npz", **arrays)
             remaining = step_ms / 1000 * cost / full_cost - (time.perf_counter() - started)
             if remaining > 0:
                 time.sleep(remaining)
@@ -68,7 +81,8 @@ def main() -> None:
     if client.world_size > 1:  # MASTER_ADDR / MASTER_PORT come from the launcher
         dist.init_process_group("gloo", rank=client.rank, world_size=client.world_size)
     try:
-        run(client, recipe.trainer.demo.step_ms, recipe.rows_per_rank, recipe.seq_len)
+        demo = recipe.trainer.demo
+        run(client, demo.step_ms, recipe.rows_per_rank, recipe.seq_len, demo.save_batches)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

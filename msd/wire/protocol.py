@@ -18,6 +18,7 @@ import numpy as np
 from msd.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
+DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
 class Kind(enum.IntEnum):
@@ -37,6 +38,7 @@ class Kind(enum.IntEnum):
     STOP = 14
     FAILURE = 15
     REFUSED = 16
+    WANT = 17
 
 
 class _Msg(msgspec.Struct, frozen=True, array_like=True, tag_field="kind"):
@@ -74,16 +76,24 @@ class Meta(_Msg, frozen=True, tag=int(Kind.META)):
     gpos_start: int
     lengths: tuple[int, ...]
     sample_ids: tuple[int, ...]
-    truncated: int = 0
 
 
 class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
-    """Planner → loader: send these samples of ``source`` to these constructors for ``step``."""
+    """Planner → loader: send these samples of ``source`` to these constructors for ``step``
+    (a sample may go to several; ``DISCARD`` means forget it)."""
 
     step: int
     source: int
     gpos: tuple[int, ...]
     constructor: tuple[int, ...]
+
+
+class Want(_Msg, frozen=True, tag=int(Kind.WANT)):
+    """Planner → the loaders of ``source``: planning waits for position ``gpos``; read up to it
+    even if your buffer is full."""
+
+    source: int
+    gpos: int
 
 
 class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
@@ -99,13 +109,14 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
 
 
 class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
-    """Planner → Constructor: for each served rank, the rows of one step.
+    """Planner → Constructor: the rows of one step for the DP ranks it serves.
 
-    ``slots`` are ``(rank, row, source, gpos, sample_id, length)`` in packing order.
+    ``slots`` are ``(dp, row, source, gpos, sample_id, length, offset, padded)`` in packing
+    order: tokens ``[offset, offset + length)`` of the sample, taking ``padded`` tokens.
     """
 
     step: int
-    slots: tuple[tuple[int, int, int, int, int, int], ...]
+    slots: tuple[tuple[int, int, int, int, int, int, int, int], ...]
 
 
 class End(_Msg, frozen=True, tag=int(Kind.END)):
@@ -153,10 +164,16 @@ class Refused(_Msg, frozen=True, tag=int(Kind.REFUSED)):
 
 
 class Progress(_Msg, frozen=True, tag=int(Kind.PROGRESS)):
-    """Constructor → Planner: every served rank has consumed all steps before ``consumed``."""
+    """Constructor → Planner: every served rank has consumed all steps before ``consumed``.
+
+    ``step_bytes``: the most bytes one step's ready batches took in the Constructor;
+    ``built``: every step before it is built.
+    """
 
     consumed: int
     waits_s: tuple[float, ...] = ()
+    step_bytes: int = 0
+    built: int = 0
 
 
 class StatusRequest(_Msg, frozen=True, tag=int(Kind.STATUS_REQUEST)):
@@ -179,6 +196,10 @@ class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
     truncated: int
     roles: tuple[tuple[str, str, int], ...]
     failure: str = ""
+    split: int = 0
+    dropped: int = 0
+    constructor_step_bytes: int = 0
+    lifecycle: dict[str, int] = {}
 
 
 class Stop(_Msg, frozen=True, tag=int(Kind.STOP)):
@@ -199,6 +220,7 @@ Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged st
     Welcome,
     Meta,
     Route,
+    Want,
     Payload,
     Plan,
     End,

@@ -40,9 +40,17 @@ def test_one_epoch_delivers_every_sample_exactly_once(small_data, write_recipe, 
         for r in records
         for src, sid in zip(r["source_ids"], r["sample_ids"], strict=True)
     )
-    expected = {(i, j) for i, s in enumerate(SMALL_SOURCES) for j in range(s.num_samples)}
-    assert set(delivered) == expected
-    assert max(delivered.values()) == 1
+    # A sample longer than seq_len is split (the default): each piece is listed once.
+    expected = {
+        (i, j): -(-len(text.encode()) // 512)
+        for i, s in enumerate(SMALL_SOURCES)
+        for j, text in enumerate(synth_table(s, seed=5).column("text").to_pylist())
+    }
+    assert dict(delivered) == expected
+    assert max(expected.values()) > 1, "the data has samples to split"
+    lifecycle = outcome.status.lifecycle if outcome.status else {}
+    assert lifecycle["consumed"] > 0 and min(lifecycle.values()) >= 0
+    assert outcome.status is not None and outcome.status.split > 0
 
 
 def test_packed_rows_never_mix_two_samples(small_data, write_recipe, tmp_path):
@@ -71,9 +79,14 @@ def test_packed_rows_never_mix_two_samples(small_data, write_recipe, tmp_path):
             samples = [(a, b) for a, b in segments if ids[a:b].any()]
             assert all((labels[a:b] == -100).all() for a, b in segments if not ids[a:b].any())
             assert all(b % 512 == 0 or pos[b] == 0 for _, b in segments if b < len(pos))
-            pairs = zip(batch["source_ids"].tolist(), batch["sample_ids"].tolist(), strict=True)
-            for (a, b), (src, sid) in zip(samples, pairs, strict=True):
-                want = np.frombuffer(texts[src][sid].encode()[:512], dtype=np.uint8)
+            pairs = zip(
+                batch["source_ids"].tolist(),
+                batch["sample_ids"].tolist(),
+                batch["sample_offsets"].tolist(),
+                strict=True,
+            )
+            for (a, b), (src, sid, off) in zip(samples, pairs, strict=True):
+                want = np.frombuffer(texts[src][sid].encode()[off : off + 512], dtype=np.uint8)
                 assert ids[a:b].tolist() == want.tolist()
                 assert pos[a:b].tolist() == list(range(b - a))
                 assert labels[a : b - 1].tolist() == want[1:].tolist() and labels[b - 1] == -100
@@ -115,11 +128,12 @@ def test_mix_shares_hold_over_2000_steps(small_data, write_recipe, tmp_path):
         s["loaders"] = 1
     outcome = run_job(write_recipe(recipe), tmp_path / "runs")
     assert outcome.ok, outcome.message
-    counts = Counter(
+    counts = Counter(  # samples, not the pieces of split ones
         src
         for records in read_rank_logs(outcome.job.root).values()
         for r in records
-        for src in r["source_ids"]
+        for src, offset in zip(r["source_ids"], r["sample_offsets"], strict=True)
+        if offset == 0
     )
     total = sum(counts.values())
     for i, weight in enumerate((0.5, 0.3, 0.2)):

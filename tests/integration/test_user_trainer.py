@@ -22,7 +22,15 @@ import yaml
 from tests.conftest import base_recipe, processes_of_launcher
 
 PATH = os.environ.get("PATH", "")
-KEYS = {"input_ids", "labels", "position_ids", "cu_seqlens", "sample_ids", "source_ids"}
+KEYS = {
+    "input_ids",
+    "labels",
+    "position_ids",
+    "cu_seqlens",
+    "sample_ids",
+    "source_ids",
+    "sample_offsets",
+}
 ENV_VARS = (
     "RANK",
     "WORLD_SIZE",

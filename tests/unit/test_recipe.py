@@ -41,7 +41,8 @@ sources:
 """
 SOURCE_KEYS = "name, path, weight, text_column, token_column, transform, repeat, loaders"
 TOP_KEYS = (
-    "sources, seq_len, global_batch_tokens, name, seed, steps, distribute, loader, "
+    "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "
+    "mix, cost, balance, loader, "
     "constructor, trainer, cluster"
 )
 
@@ -129,13 +130,13 @@ def test_file_and_yaml_errors(tmp_path: Path, content: bytes, expected: str) -> 
 
 def test_unknown_keys_at_every_level_are_reported_together(tmp_path: Path) -> None:
     text = edit("seed: 1", "sed: 1").replace("weight: 0.3", "wieght: 0.3")
-    text = text.replace("{dp: 2}", "{dp: 2, pp: 2}").replace(
+    text = text.replace("{dp: 2}", "{dp: 2, ep: 2}").replace(
         "0.7\n", "0.7\n    transform: {pth: t}\n"
     )
     path, message = error(tmp_path, text)
     assert message.splitlines() == [
         f"{path}:2: sed: unknown key (did you mean seed?); use one of {TOP_KEYS}, or remove it",
-        f"{path}:6: distribute.pp: unknown key; use one of dp, or remove it",
+        f"{path}:6: distribute.ep: unknown key; use one of dp, pp, cp, tp, order, or remove it",
         f"{path}:12: sources[0].transform.pth: unknown key (did you mean path?); "
         "use one of kind, path, function, or remove it",
         f"{path}:16: sources[1].wieght: unknown key (did you mean weight?); "
@@ -289,7 +290,7 @@ CHECKS = [
     ({"trainer": Trainer(command=" ")},
      "trainer.command: is empty; use demo for the built-in trainer, or a shell command"),
     ({"trainer": Trainer(ranks=2)},
-     "trainer.ranks: must equal distribute.dp = 1, got 2; set ranks to 1 or omit it"),
+     "trainer.ranks: must equal dp * pp * cp * tp = 1, got 2; set ranks to 1 or omit it"),
     ({"trainer": Trainer(demo=DemoTrainer(step_ms=-1.0))},
      "trainer.demo.step_ms: must be >= 0, got -1.0; use a non-negative time in milliseconds"),
     ({"trainer": Trainer(demo=DemoTrainer(step_ms=float("nan")))}, "trainer.demo.step_ms: "

@@ -1,0 +1,65 @@
+"""The mix as a schedule: each source's weight as a function of the step.
+
+Each source starts at its recipe ``weight``; milestones set new weights from (``step``
+interpolation) or reached at (``linear`` interpolation) their step. Sources a milestone does not
+name keep their course. A pure function of (recipe, step): part of the stream's definition.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from msd.recipe.schema import Recipe
+
+Points = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``points[s]``: (step, weight) milestones of source s, sorted, starting at step 0."""
+
+    points: tuple[Points, ...]
+    linear: bool
+
+    def weights_at(self, step: int) -> tuple[float, ...]:
+        return tuple(_weight_at(p, step, self.linear) for p in self.points)
+
+    def window_mean(self, start: int, stop: int) -> tuple[float, ...]:
+        """Mean normalised share of each source over steps [start, stop)."""
+        totals = [0.0] * len(self.points)
+        for step in range(start, stop):
+            weights = self.weights_at(step)
+            norm = sum(weights) or 1.0
+            totals = [t + w / norm for t, w in zip(totals, weights, strict=True)]
+        return tuple(t / max(1, stop - start) for t in totals)
+
+
+def _weight_at(points: Points, step: int, linear: bool) -> float:
+    i = bisect.bisect_right([s for s, _ in points], step) - 1
+    s0, w0 = points[i]
+    if not linear or i + 1 == len(points):
+        return w0
+    s1, w1 = points[i + 1]
+    return w0 + (w1 - w0) * (step - s0) / (s1 - s0)
+
+
+def schedule_of(recipe: Recipe) -> Schedule:
+    names = [s.name for s in recipe.sources]
+    points: list[list[tuple[int, float]]] = [[(0, s.weight)] for s in recipe.sources]
+    for milestone in sorted(recipe.mix.milestones, key=lambda m: m.step):
+        for name, weight in milestone.weights.items():
+            _set(points[names.index(name)], milestone.step, weight)
+    return Schedule(tuple(tuple(p) for p in points), recipe.mix.interpolate == "linear")
+
+
+def _set(points: list[tuple[int, float]], step: int, weight: float) -> None:
+    if points[-1][0] == step:
+        points[-1] = (step, weight)
+    else:
+        points.append((step, weight))
+
+
+def constant(weights: Sequence[float]) -> Schedule:
+    return Schedule(tuple(((0, float(w)),) for w in weights), linear=False)
