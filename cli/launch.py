@@ -60,7 +60,9 @@ def _final_table(status: Status) -> Table:
         "tokens_per_s",
         "wait_p50_ms",
         "wait_p99_ms",
+        "split_samples",
         "truncated_samples",
+        "dropped_samples",
     ):
         table.add_row(key, f"{s[key]:,}" if isinstance(s[key], int) else f"{s[key]:,.3f}")
     return table

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from msd.errors import SourceError
+from msd.errors import RecipeError, SourceError
+from msd.plan.cost import load_cost_function
 from msd.recipe.load import line_of
 from msd.recipe.schema import Recipe
 from msd.sources.index import SourceIndex, open_source
@@ -28,6 +29,7 @@ def check_sources(
 ) -> list[SourceSummary]:
     """Open every source's files (footers only) and its transform; raise SourceError on the first
     problem, prefixed with the recipe file and line of that source when ``recipe_path`` is given."""
+    _check_cost_function(recipe, recipe_path)
     summaries = []
     for i, source in enumerate(recipe.sources):
         try:
@@ -49,3 +51,14 @@ def check_sources(
             )
         )
     return summaries
+
+
+def _check_cost_function(recipe: Recipe, recipe_path: str | os.PathLike[str] | None) -> None:
+    if recipe.cost.function is None:
+        return
+    try:
+        load_cost_function(recipe.cost.function)
+    except RecipeError as e:
+        if recipe_path is None:
+            raise
+        raise RecipeError(f"{line_of(recipe_path, 'cost.function')}: {e}") from None

@@ -252,7 +252,11 @@ def summary(status: Status) -> dict[str, Any]:
         "tokens_per_s": round(status.tokens_consumed / max(status.elapsed_s, 1e-9), 1),
         "wait_p50_ms": round(status.wait_p50_ms, 3),
         "wait_p99_ms": round(status.wait_p99_ms, 3),
+        "split_samples": status.split,
         "truncated_samples": status.truncated,
+        "dropped_samples": status.dropped,
+        "constructor_step_bytes": status.constructor_step_bytes,
+        "lifecycle": dict(status.lifecycle),
         "sources": {
             n: c / total for n, c in zip(status.source_names, status.source_samples, strict=True)
         },

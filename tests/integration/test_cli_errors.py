@@ -43,6 +43,10 @@ def _missing_column(r: dict) -> None:
     r["sources"][1]["text_column"] = "body"
 
 
+def _missing_cost_function(r: dict) -> None:
+    r["cost"] = {"function": "nosuchmodule:cost"}
+
+
 def _not_parquet(r: dict, tmp: Path) -> None:
     bad = tmp / "bad"
     bad.mkdir()
@@ -57,6 +61,10 @@ CASES = {
     "missing file": (_missing_file, ["recipe.yaml:", "sources[0].path", "nowhere/*.parquet"]),
     "missing column": (_missing_column, ["recipe.yaml:", "body", "sources[1].text_column"]),
     "not parquet": (_not_parquet, ["recipe.yaml:", "web", "x.parquet"]),
+    "missing cost function": (
+        _missing_cost_function,
+        ["recipe.yaml:", "cost.function", "nosuchmodule"],
+    ),
 }
 
 
