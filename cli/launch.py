@@ -14,7 +14,10 @@ from rich.text import Text
 from msd.errors import LaunchError
 from msd.launch.check import check_sources
 from msd.launch.local import INTERRUPTED, LocalJob, summary
+from msd.launch.slurm import SlurmJob
+from msd.launch.slurm_plan import submissions
 from msd.recipe.load import load_recipe
+from msd.recipe.schema import Recipe
 from msd.wire.protocol import Status
 
 from .common import console, err_console, user_errors
@@ -74,14 +77,24 @@ def launch(
     cluster: Annotated[str | None, typer.Option(help="local (default) or slurm.")] = None,
     run_dir: Annotated[Path, typer.Option(help="Where job folders are created.")] = Path("runs"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the SLURM jobs that would be submitted.")
+    ] = False,
 ) -> None:
-    """Start a job: Planner, Source Loaders, Data Constructor and trainer ranks."""
+    """Start a job: Planner, Source Loaders, Data Constructors and trainer ranks."""
     parsed = load_recipe(recipe)
     chosen = cluster or parsed.cluster
-    if chosen != "local":
-        raise LaunchError(f"cluster {chosen!r} is not available yet; use --cluster local")
+    if chosen not in ("local", "slurm"):
+        raise LaunchError(f"--cluster must be local or slurm, got {chosen!r}")
     check_sources(parsed, recipe)
-    job = LocalJob(parsed, recipe.read_text(), run_dir)
+    if dry_run:
+        _print_submissions(parsed, json_out)
+        return
+    job: LocalJob | SlurmJob = (
+        SlurmJob(parsed, recipe.read_text(), run_dir)
+        if chosen == "slurm"
+        else LocalJob(parsed, recipe.read_text(), run_dir)
+    )
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
     if not json_out:
         console.print(f"job folder: {job.job.root}")
@@ -103,6 +116,20 @@ def launch(
         if live is None:
             console.print(progress_view(outcome.status, weights))
         console.print(_final_table(outcome.status))
+
+
+def _print_submissions(recipe: Recipe, json_out: bool) -> None:
+    subs = submissions(recipe)
+    if json_out:
+        rows = [{"role": s.role, "name": s.name, "parameters": s.parameters} for s in subs]
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="would submit (submitit parameters)")
+    for column in ("role", "name", "parameters"):
+        table.add_column(column)
+    for s in subs:
+        table.add_row(s.role, s.name, json.dumps(s.parameters, sort_keys=True))
+    console.print(table)
 
 
 class _Null:

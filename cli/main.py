@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import init, launch, synth, validate
+from . import init, launch, stop, synth, validate
 
 app = typer.Typer(
     name="msd",
@@ -17,6 +17,7 @@ app.command("synth")(synth.synth)
 app.command("init")(init.init)
 app.command("validate")(validate.validate)
 app.command("launch")(launch.launch)
+app.command("stop")(stop.stop)
 
 
 def main() -> None:

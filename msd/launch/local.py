@@ -171,7 +171,7 @@ class LocalJob:
             sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
             status, failed = self._watch_loop(sock, on_status)
             if failed is None:
-                status = self._final_status(sock) or status
+                status = final_status(sock) or status
                 transport.send(sock, Stop(reason="trainers finished"))
                 self._wait_roles(5.0)
                 failure = None
@@ -219,27 +219,29 @@ class LocalJob:
         """Name the failed process; add what a role reported, asking the Planner if it lives."""
         planner = self.children[0]
         if planner.popen.poll() is None:
-            status = self._final_status(sock, timeout_s=1.0) or status
+            status = final_status(sock, timeout_s=1.0) or status
         reason = f"; it reported: {status.failure}" if status and status.failure else ""
         return (
             f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}{reason}; "
             f"the job was stopped. Log: {child.log}"
         )
 
-    def _final_status(self, sock: zmq.Socket[Any], timeout_s: float = 2.0) -> Status | None:
-        transport.send(sock, StatusRequest())
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and sock.poll(100):
-            msg = transport.recv(sock)[1]
-            if isinstance(msg, Status):
-                return msg
-        return None
-
     def _wait_roles(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for child in self.children:
             with contextlib.suppress(Exception):
                 child.popen.wait(max(0.0, deadline - time.monotonic()))
+
+
+def final_status(sock: zmq.Socket[Any], timeout_s: float = 2.0) -> Status | None:
+    """Ask the Planner for its status once more and wait for the answer."""
+    transport.send(sock, StatusRequest())
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and sock.poll(100):
+        msg = transport.recv(sock)[1]
+        if isinstance(msg, Status):
+            return msg
+    return None
 
 
 def summary(status: Status) -> dict[str, Any]:

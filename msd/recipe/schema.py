@@ -121,11 +121,44 @@ class DemoTrainer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
 
 class Trainer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """``command: demo`` runs the built-in trainer; anything else is a command run per rank."""
+    """``command: demo`` runs the built-in trainer; anything else is a command run per rank.
+
+    On SLURM the ranks fill ``nodes`` nodes, ``tasks_per_node`` each (default: all ranks on
+    ``nodes`` nodes, evenly), with ``gpus_per_node`` GPUs requested per node.
+    """
 
     command: str = "demo"
     ranks: int | None = None
     demo: DemoTrainer = DemoTrainer()
+    nodes: int = 1
+    tasks_per_node: int | None = None
+    gpus_per_node: int = 0
+
+
+class SlurmRole(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What one role's SLURM job asks for."""
+
+    cpus: int = 1
+    mem_gb: float | None = None
+    partition: str | None = None
+
+
+class Slurm(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Where and how the roles are submitted with ``cluster: slurm`` (via submitit).
+
+    ``additional`` is passed to sbatch as is (``{exclusive: ""}`` becomes ``--exclusive``).
+    A role's ``partition`` overrides the job-wide one (e.g. loaders on a CPU partition).
+    """
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 60
+    constraint: str | None = None
+    planner: SlurmRole = SlurmRole(mem_gb=2.0)
+    loader: SlurmRole = SlurmRole(mem_gb=4.0)
+    constructor: SlurmRole = SlurmRole(cpus=2)
+    additional: dict[str, str | int] = {}
 
 
 class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -146,6 +179,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     constructor: ConstructorOptions = ConstructorOptions()
     trainer: Trainer = Trainer()
     cluster: Literal["local", "slurm"] = "local"
+    slurm: Slurm = Slurm()
 
     @property
     def world_size(self) -> int:

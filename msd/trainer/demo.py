@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from msd.client import Client
+from msd.client import Client, node_name
 
 
 def batch_digest(batch: dict[str, torch.Tensor]) -> str:
@@ -53,6 +53,7 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> 
             cost = attention_cost(batch["cu_seqlens"])
             record = {
                 "step": client.step - 1,
+                "node": node_name(),
                 "digest": batch_digest(batch),
                 "tensors": sorted(batch),
                 "sample_ids": batch["sample_ids"].tolist(),

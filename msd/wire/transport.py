@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,11 +30,17 @@ def _socket(ctx: zmq.Context[Any], kind: int, identity: str | None) -> zmq.Socke
     return sock
 
 
-def bind(ctx: zmq.Context[Any], kind: int, host: str = "127.0.0.1") -> tuple[zmq.Socket[Any], str]:
-    """A socket bound to a free port; returns it with the endpoint peers should connect to."""
+def bind(ctx: zmq.Context[Any], kind: int) -> tuple[zmq.Socket[Any], str]:
+    """A socket bound to a free port; returns it with the endpoint peers should connect to.
+
+    Locally everything stays on loopback; under SLURM a role binds on all interfaces and
+    advertises its node's name (``MSD_BIND_HOST`` / ``MSD_ADVERTISE_HOST``).
+    """
+    host = os.environ.get("MSD_BIND_HOST", "127.0.0.1")
+    advertised = os.environ.get("MSD_ADVERTISE_HOST", host)
     sock = _socket(ctx, kind, None)
     port = sock.bind_to_random_port(f"tcp://{host}")
-    return sock, f"tcp://{host}:{port}"
+    return sock, f"tcp://{advertised}:{port}"
 
 
 def connect(

@@ -1,0 +1,244 @@
+"""The SLURM launcher: the same roles as the local launcher, placed by submitit.
+
+Rendezvous is the job folder (on the shared filesystem): the Planner publishes its address
+there, Constructors theirs (one per trainer node), and clients read them; no fixed port.
+While the trainers run, the launcher watches every SLURM job (``squeue``, which is live, unlike
+``sacct``) and the Planner's status; when the trainer job completes it stops the data plane;
+when any job fails it cancels the rest and names the failed one with its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from msd.errors import LaunchError
+from msd.jobdir import JobDir
+from msd.launch.local import INTERRUPTED, Outcome, final_status, new_job_dir
+from msd.launch.procs import tail
+from msd.launch.slurm_plan import Submission, submissions
+from msd.launch.slurm_task import run_role, run_trainer_task
+from msd.recipe.schema import Recipe, stream_fingerprint, to_json
+from msd.wire import transport
+from msd.wire.protocol import Status, StatusRequest, Stop
+
+ENDED_BADLY = {
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
+POLL_S = 0.5
+
+
+def squeue_states(ids: list[str]) -> dict[str, str]:
+    """Live state of each job (``squeue -t all`` knows finished jobs for a while)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i %T"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    states: dict[str, str] = {}
+    for line in out.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        states.setdefault(job_id.split("_")[0], state)
+    return states
+
+
+def cancel_jobs(ids: list[str], timeout_s: float = 30.0) -> None:
+    """scancel, then wait until the jobs have left the queue (roles exit on SIGTERM at once)."""
+    if not ids:
+        return
+    subprocess.run(["scancel", *ids], capture_output=True, check=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(ids), "-o", "%i"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        if not out.strip():
+            return
+        time.sleep(0.2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class SlurmJob:
+    def __init__(self, recipe: Recipe, recipe_text: str, run_root: Path) -> None:
+        self.recipe = recipe
+        self.job = new_job_dir(recipe, run_root.resolve())
+        self.job.create()
+        (self.job.root / "recipe.yaml").write_text(recipe_text)
+        self.job.recipe_json.write_bytes(to_json(recipe))
+        self.plan = submissions(recipe)
+        self.submitted: list[tuple[Submission, Any]] = []
+
+    def _write_job_json(self, state: str) -> None:
+        self.job.write_json(
+            self.job.job_json,
+            {
+                "name": self.recipe.name,
+                "fingerprint": stream_fingerprint(self.recipe),
+                "cluster": "slurm",
+                "state": state,
+                "launcher_pid": os.getpid(),
+                "slurm_jobs": {f"{s.role} {s.name}": j.job_id for s, j in self.submitted},
+            },
+        )
+
+    # -- submitting ---------------------------------------------------------------------------
+    def submit(self) -> None:
+        import submitit
+
+        port = _free_port()
+        try:
+            for sub in self.plan:
+                executor = submitit.AutoExecutor(folder=self.job.root / "slurm", cluster="slurm")
+                executor.update_parameters(**sub.parameters)
+                self.submitted.append((sub, self._submit_one(executor, sub, port)))
+        except Exception as exc:  # sbatch refusing a request arrives as various errors
+            self.cancel()
+            raise LaunchError(f"SLURM refused the {sub.role} job: {_first_line(exc)}") from None
+        finally:
+            self._write_job_json("running")
+
+    def _submit_one(self, executor: Any, sub: Submission, port: int) -> Any:
+        root = str(self.job.root)
+        if sub.role == "trainer":
+            return executor.submit(
+                run_trainer_task, root, int(sub.task[1]), self.recipe.trainer.command, port
+            )
+        return executor.submit(run_role, [sub.task[0], "--job", root, *sub.task[1:]])
+
+    def cancel(self) -> None:
+        cancel_jobs([j.job_id for _, j in self.submitted])
+
+    # -- watching -----------------------------------------------------------------------------
+    def run(self, on_status: Callable[[Status], None]) -> Outcome:
+        try:
+            self.submit()
+        except KeyboardInterrupt:
+            self.cancel()
+            return Outcome(False, INTERRUPTED, None, self.job)
+        return self.watch(on_status)
+
+    def watch(self, on_status: Callable[[Status], None]) -> Outcome:
+        sock: zmq.Socket[Any] | None = None
+        status: Status | None = None
+        failure: str | None = None
+        try:
+            self._wait_planner()
+            endpoint = self.job.wait_endpoint("planner", timeout_s=5)
+            sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
+            status, failure = self._watch_loop(sock, on_status)
+            if failure is None:
+                status = final_status(sock) or status
+                transport.send(sock, Stop(reason="trainers finished"))
+                self._wait_finished(timeout_s=30)
+        except KeyboardInterrupt:
+            failure = INTERRUPTED
+        except LaunchError as exc:
+            failure = str(exc)
+        finally:
+            if sock is not None:
+                sock.close(linger=200)
+            self.cancel()
+        self._write_job_json("done" if failure is None else "failed")
+        return Outcome(failure is None, failure or "done", status, self.job)
+
+    def _wait_finished(self, timeout_s: float) -> None:
+        """After Stop every job ends by itself; whatever does not is cancelled afterwards."""
+        live = {"RUNNING", "PENDING", "COMPLETING", "CONFIGURING"}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = self._states()
+            if not any(states.get(j.job_id) in live for _, j in self.submitted):
+                return
+            time.sleep(0.3)
+
+    def _wait_planner(self, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.job.endpoint_file("planner").exists():
+            self._raise_if_failed(self._states())
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the planner job did not start within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def _states(self) -> dict[str, str]:
+        return squeue_states([j.job_id for _, j in self.submitted])
+
+    def _watch_loop(
+        self, sock: zmq.Socket[Any], on_status: Callable[[Status], None]
+    ) -> tuple[Status | None, str | None]:
+        status: Status | None = None
+        next_check = 0.0
+        while True:
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + POLL_S
+                try:
+                    if self._trainers_done():
+                        return status, None
+                    self._raise_if_failed(self._states())
+                except LaunchError as exc:
+                    return status, str(exc)
+                transport.send(sock, StatusRequest())
+            if sock.poll(int(POLL_S * 1000)):
+                msg = transport.recv(sock)[1]
+                if isinstance(msg, Status):
+                    status = msg
+                    on_status(msg)
+
+    def _trainers_done(self) -> bool:
+        """Every rank has written its exit code; a non-zero one is a failure."""
+        exits = [self.job.read_json(p) for p in self.job.trainer.glob("exit-*.json")]
+        for e in exits:
+            if e["code"] != 0:
+                raise LaunchError(
+                    f"trainer rank {e['rank']} on {e['node']} exited with code {e['code']}; "
+                    f"the run was stopped. Logs: {self.job.root / 'slurm'}"
+                )
+        return len(exits) == self.recipe.world_size
+
+    def _raise_if_failed(self, states: dict[str, str]) -> None:
+        for sub, job in self.submitted:
+            state = states.get(job.job_id, "")
+            early = state == "COMPLETED"  # every role runs until the launcher stops it
+            if state in ENDED_BADLY or early:
+                raise LaunchError(
+                    f"{sub.role} {sub.name} (SLURM job {job.job_id}) is {state}; the run was "
+                    f"stopped. Log: {job.paths.stderr}\n{_log_tail(job)}"
+                )
+
+
+def _log_tail(job: Any) -> str:
+    with contextlib.suppress(Exception):
+        return tail(Path(job.paths.stderr), 8)
+    return ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())[:300]
+
+
+def job_ids(job: JobDir) -> list[str]:
+    return [str(v) for v in job.read_json(job.job_json).get("slurm_jobs", {}).values()]

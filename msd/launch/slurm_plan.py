@@ -1,0 +1,82 @@
+"""What ``msd launch --cluster slurm`` submits: one pure function from a recipe to submissions.
+
+    planner   one small CPU job
+    loaders   one CPU job per loader (they scale and fail separately)
+    trainer   one job of ``trainer.nodes`` nodes; on each node ``tasks_per_node`` trainer
+              ranks plus one more task: that node's Data Constructor, the ranks' sidecar
+
+Kept pure (no submitit, no SLURM) so ``--dry-run`` and a snapshot test show exactly what goes
+to sbatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from msd.errors import LaunchError
+from msd.recipe.schema import Recipe, SlurmRole
+from msd.roles.loader import loader_name
+
+
+@dataclass(frozen=True)
+class Submission:
+    role: str
+    name: str
+    parameters: dict[str, Any]
+    task: tuple[str, ...]
+
+
+def ranks_per_node(recipe: Recipe) -> int:
+    trainer = recipe.trainer
+    per_node = trainer.tasks_per_node or -(-recipe.world_size // trainer.nodes)
+    if per_node * trainer.nodes != recipe.world_size:
+        raise LaunchError(
+            f"trainer: {trainer.nodes} nodes × {per_node} tasks per node is not the "
+            f"{recipe.world_size} ranks of distribute; set trainer.nodes and tasks_per_node "
+            "to match"
+        )
+    return per_node
+
+
+def _common(recipe: Recipe, role: str, spec: SlurmRole) -> dict[str, Any]:
+    slurm = recipe.slurm
+    params: dict[str, Any] = {
+        "name": f"msd-{recipe.name}-{role}",
+        "timeout_min": slurm.time_min,
+        "cpus_per_task": spec.cpus,
+        "slurm_partition": spec.partition or slurm.partition,
+        "slurm_account": slurm.account,
+        "slurm_qos": slurm.qos,
+        "slurm_constraint": slurm.constraint,
+        "slurm_additional_parameters": dict(slurm.additional),
+        "mem_gb": spec.mem_gb,
+    }
+    return {k: v for k, v in params.items() if v not in (None, {})}
+
+
+def submissions(recipe: Recipe) -> list[Submission]:
+    slurm = recipe.slurm
+    subs = [
+        Submission(
+            "planner",
+            "planner",
+            {**_common(recipe, "planner", slurm.planner), "nodes": 1, "tasks_per_node": 1},
+            ("planner",),
+        )
+    ]
+    for s, source in enumerate(recipe.sources):
+        for i in range(source.loaders):
+            params = {**_common(recipe, "loader", slurm.loader), "nodes": 1, "tasks_per_node": 1}
+            task = ("loader", "--source", str(s), "--index", str(i))
+            subs.append(Submission("loader", loader_name(source.name, i), params, task))
+    per_node = ranks_per_node(recipe)
+    trainer = {
+        **_common(recipe, "trainer", slurm.constructor),
+        "nodes": recipe.trainer.nodes,
+        "tasks_per_node": per_node + 1,
+    }
+    if recipe.trainer.gpus_per_node:
+        trainer["gpus_per_node"] = recipe.trainer.gpus_per_node
+    subs.append(Submission("trainer", "trainer", trainer, ("trainer", str(per_node))))
+    return subs

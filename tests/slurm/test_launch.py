@@ -1,0 +1,108 @@
+"""`msd launch --cluster slurm` on the real test cluster (2 emulated nodes), against local."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import base_recipe, read_rank_logs
+
+
+def recipe(data: Path, cluster: str, steps: int = 200) -> dict:
+    r = base_recipe(data, steps=steps, distribute={"dp": 4})
+    for s in r["sources"]:
+        s["repeat"] = True
+    r["cluster"] = cluster
+    r["trainer"]["nodes"] = 2
+    r["slurm"] = {"partition": "debug", "time_min": 10}
+    return r
+
+
+def msd(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "msd.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def job_folder(cwd: Path, name: str) -> Path:
+    (folder,) = (cwd / "runs").glob(f"{name}-*")
+    return folder
+
+
+def squeue_ids() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    return out.split()
+
+
+def test_slurm_run_places_roles_and_matches_the_local_stream(slurm_cluster, small_data, tmp_path):
+    for cluster in ("slurm", "local"):
+        r = recipe(small_data, cluster)
+        r["name"] = cluster
+        (tmp_path / f"{cluster}.yaml").write_text(yaml.safe_dump(r))
+        started = time.monotonic()
+        result = msd("launch", f"{cluster}.yaml", cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        print(f"{cluster}: {time.monotonic() - started:.1f} s")
+    slurm_root, local_root = job_folder(tmp_path, "slurm"), job_folder(tmp_path, "local")
+    slurm_logs, local_logs = read_rank_logs(slurm_root), read_rank_logs(local_root)
+    assert sorted(slurm_logs) == [0, 1, 2, 3]
+    for rank in range(4):
+        assert [r["digest"] for r in slurm_logs[rank]] == [r["digest"] for r in local_logs[rank]]
+        assert {r["node"] for r in slurm_logs[rank]} == {"n1" if rank < 2 else "n2"}
+    for node in ("n1", "n2"):
+        assert (slurm_root / "endpoints" / f"constructor-{node}").exists()
+    jobs = json.loads((slurm_root / "job.json").read_text())["slurm_jobs"]
+    loader_jobs = {v for k, v in jobs.items() if k.startswith("loader ")}
+    assert len(loader_jobs) == 6, "each loader is its own SLURM job"
+    assert not set(jobs.values()) & set(squeue_ids())
+
+
+def test_an_impossible_request_fails_at_submission(slurm_cluster, small_data, tmp_path):
+    r = recipe(small_data, "slurm")
+    r["slurm"]["planner"] = {"cpus": 512}
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(r))
+    result = msd("launch", "big.yaml", cwd=tmp_path, timeout=60)
+    assert result.returncode != 0
+    assert "SLURM refused the planner job" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_cancelled_loader_is_reported_not_hung(slurm_cluster, small_data, tmp_path):
+    r = recipe(small_data, "slurm", steps=100000)
+    r["trainer"]["demo"]["step_ms"] = 20
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(r))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "msd.cli", "launch", "long.yaml"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        log = None
+        while time.monotonic() < deadline:
+            logs = list(tmp_path.glob("runs/*/trainer/rank-0.jsonl"))
+            if logs and len(logs[0].read_text().splitlines()) >= 5:
+                log = logs[0]
+                break
+            time.sleep(0.2)
+        assert log is not None, "the run did not start"
+        jobs = json.loads((log.parents[1] / "job.json").read_text())["slurm_jobs"]
+        subprocess.run(["scancel", jobs["loader web/0"]], check=True)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode != 0
+        assert "loader web/0" in err and "CANCELLED" in err
+        assert not set(jobs.values()) & set(squeue_ids())
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
