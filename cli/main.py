@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import init, launch, stop, synth, validate
+from . import init, launch, sidecar, stop, synth, validate
 
 app = typer.Typer(
     name="msd",
@@ -18,6 +18,7 @@ app.command("init")(init.init)
 app.command("validate")(validate.validate)
 app.command("launch")(launch.launch)
 app.command("stop")(stop.stop)
+app.command("sidecar")(sidecar.sidecar)
 
 
 def main() -> None:

@@ -25,10 +25,12 @@ from msd.wire import transport
 from msd.wire.protocol import Batch, Ended, Get, Refused
 
 STATE_VERSION = 1
+_SLURM_NAMES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
 
 
 def _env_int(name: str, default: int | None = None) -> int:
-    value = os.environ.get(name)
+    """An integer from the environment; under srun without torchrun, SLURM's own names."""
+    value = os.environ.get(name) or os.environ.get(_SLURM_NAMES.get(name, ""))
     if value is None:
         if default is None:
             raise LaunchError(f"{name} is not set; pass it to msd.Client() or set the variable")

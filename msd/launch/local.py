@@ -125,6 +125,8 @@ class LocalJob:
         self.children.append(procs.start(role, name, argv, self.env, self.job.log_path(role, name)))
 
     def _start_trainers(self) -> None:
+        if self.recipe.trainer is None:
+            return  # attached: the user starts the trainers with MSD_JOB set
         command = self.recipe.trainer.command
         argv = (
             [sys.executable, "-m", "msd.trainer.demo"]
@@ -195,7 +197,7 @@ class LocalJob:
         next_ask = 0.0
         while True:
             failed = self._failed_child()
-            if failed is not None or all(t.popen.poll() == 0 for t in self.trainers):
+            if failed is not None or self._finished(status):
                 return status, failed
             if time.monotonic() >= next_ask:
                 transport.send(sock, StatusRequest())
@@ -205,6 +207,12 @@ class LocalJob:
                 if isinstance(msg, Status):
                     status = msg
                     on_status(msg)
+
+    def _finished(self, status: Status | None) -> bool:
+        """The trainers msd started have exited, or (attached) consumed the whole stream."""
+        if self.trainers:
+            return all(t.popen.poll() == 0 for t in self.trainers)
+        return status is not None and status.state == "done"
 
     def _failed_child(self) -> procs.Child | None:
         for child in self.children:

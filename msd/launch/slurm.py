@@ -26,7 +26,7 @@ from msd.launch.local import INTERRUPTED, Outcome, final_status, new_job_dir
 from msd.launch.procs import tail
 from msd.launch.slurm_plan import Submission, submissions
 from msd.launch.slurm_task import run_role, run_trainer_task
-from msd.recipe.schema import Recipe, stream_fingerprint, to_json
+from msd.recipe.schema import Recipe, Trainer, stream_fingerprint, to_json
 from msd.wire import transport
 from msd.wire.protocol import Status, StatusRequest, Stop
 
@@ -125,7 +125,11 @@ class SlurmJob:
         root = str(self.job.root)
         if sub.role == "trainer":
             return executor.submit(
-                run_trainer_task, root, int(sub.task[1]), self.recipe.trainer.command, port
+                run_trainer_task,
+                root,
+                int(sub.task[1]),
+                (self.recipe.trainer or Trainer()).command,
+                port,
             )
         return executor.submit(run_role, [sub.task[0], "--job", root, *sub.task[1:]])
 
@@ -195,7 +199,7 @@ class SlurmJob:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + POLL_S
                 try:
-                    if self._trainers_done():
+                    if self._trainers_done(status):
                         return status, None
                     self._raise_if_failed(self._states())
                 except LaunchError as exc:
@@ -207,8 +211,11 @@ class SlurmJob:
                     status = msg
                     on_status(msg)
 
-    def _trainers_done(self) -> bool:
-        """Every rank has written its exit code; a non-zero one is a failure."""
+    def _trainers_done(self, status: Status | None) -> bool:
+        """Every rank has written its exit code (a non-zero one is a failure); for trainers
+        msd did not start, the Planner has seen every rank consume the whole stream."""
+        if self.recipe.trainer is None:
+            return status is not None and status.state == "done"
         exits = [self.job.read_json(p) for p in self.job.trainer.glob("exit-*.json")]
         for e in exits:
             if e["code"] != 0:

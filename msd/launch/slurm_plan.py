@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from msd.errors import LaunchError
-from msd.recipe.schema import Recipe, SlurmRole
+from msd.recipe.schema import Recipe, SlurmRole, Trainer
 from msd.roles.loader import loader_name
 
 
@@ -28,7 +28,7 @@ class Submission:
 
 
 def ranks_per_node(recipe: Recipe) -> int:
-    trainer = recipe.trainer
+    trainer = recipe.trainer or Trainer()
     per_node = trainer.tasks_per_node or -(-recipe.world_size // trainer.nodes)
     if per_node * trainer.nodes != recipe.world_size:
         raise LaunchError(
@@ -70,6 +70,8 @@ def submissions(recipe: Recipe) -> list[Submission]:
             params = {**_common(recipe, "loader", slurm.loader), "nodes": 1, "tasks_per_node": 1}
             task = ("loader", "--source", str(s), "--index", str(i))
             subs.append(Submission("loader", loader_name(source.name, i), params, task))
+    if recipe.trainer is None:
+        return subs  # attached: the user's job runs the trainers and `msd sidecar` per node
     per_node = ranks_per_node(recipe)
     trainer = {
         **_common(recipe, "trainer", slurm.constructor),

@@ -167,6 +167,8 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
 
 def _check_trainer(recipe: Recipe) -> list[Problem]:
     trainer, world = recipe.trainer, recipe.world_size
+    if trainer is None:
+        return []
     problems: list[Problem] = []
     if not trainer.command.strip():
         fix = "use demo for the built-in trainer, or a shell command"

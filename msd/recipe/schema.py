@@ -162,7 +162,11 @@ class Slurm(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 
 
 class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """A whole job. ``steps`` may be omitted only when every source has ``repeat: false``."""
+    """A whole job. ``steps`` may be omitted only when every source has ``repeat: false``.
+
+    Without a ``trainer`` section msd starts the data plane only; the user's own job starts
+    the trainers and, on each node, a Constructor with ``msd sidecar``.
+    """
 
     sources: tuple[Source, ...]
     seq_len: int
@@ -177,7 +181,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     balance: Balance = Balance()
     loader: LoaderOptions = LoaderOptions()
     constructor: ConstructorOptions = ConstructorOptions()
-    trainer: Trainer = Trainer()
+    trainer: Trainer | None = None
     cluster: Literal["local", "slurm"] = "local"
     slurm: Slurm = Slurm()
 

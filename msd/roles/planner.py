@@ -157,6 +157,12 @@ class Planner:
         if msg.role == "loader":
             self.loaders[msg.name] = Peer(identity, msg)
         elif msg.role == "constructor":
+            taken = self.ranks & set(msg.ranks)
+            if taken:
+                raise ProtocolError(
+                    f"constructor {msg.name} offers ranks {sorted(taken)} that another "
+                    "constructor serves; start one constructor per node"
+                )
             index = len(self.constructors)
             for rank in msg.ranks:
                 dp = self.topology.coords(rank).dp

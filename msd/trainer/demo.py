@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from msd.client import Client, node_name
+from msd.recipe.schema import Trainer
 
 
 def batch_digest(batch: dict[str, torch.Tensor]) -> str:
@@ -82,7 +83,7 @@ def main() -> None:
     if client.world_size > 1:  # MASTER_ADDR / MASTER_PORT come from the launcher
         dist.init_process_group("gloo", rank=client.rank, world_size=client.world_size)
     try:
-        demo = recipe.trainer.demo
+        demo = (recipe.trainer or Trainer()).demo
         run(client, demo.step_ms, recipe.rows_per_rank, recipe.seq_len, demo.save_batches)
     finally:
         if dist.is_initialized():

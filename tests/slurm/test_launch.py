@@ -106,3 +106,38 @@ def test_a_cancelled_loader_is_reported_not_hung(slurm_cluster, small_data, tmp_
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_msd_stop_leaves_no_job_and_no_process(slurm_cluster, small_data, tmp_path):
+    import psutil
+
+    r = recipe(small_data, "slurm", steps=100000)
+    r["trainer"]["demo"]["step_ms"] = 20
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(r))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "msd.cli", "launch", "long.yaml"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("runs/*/trainer/rank-3.jsonl")):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.2)
+        (job,) = tmp_path.glob("runs/*")
+        jobs = json.loads((job / "job.json").read_text())["slurm_jobs"]
+        stopped = msd("stop", str(job), cwd=tmp_path, timeout=60)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not set(jobs.values()) & set(squeue_ids())
+        launcher.communicate(timeout=60)
+        left = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if str(job) in cmdline or f"{job.name}/slurm" in cmdline:
+                left.append(cmdline)
+        assert left == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
