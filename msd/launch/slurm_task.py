@@ -40,6 +40,9 @@ def run_trainer_task(job: str, per_node: int, command: str, master_port: int) ->
     """One task of the trainer job: the node's Constructor (last local task) or a trainer rank."""
     import submitit
 
+    # submitit's job process ignores SIGTERM (it waits for SLURM's SIGKILL, seconds later);
+    # a rank that is cancelled should just go.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     env = submitit.JobEnvironment()
     node, local = env.node, env.local_rank
     os.environ["MSD_NODE"] = _node()
