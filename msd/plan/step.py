@@ -9,19 +9,25 @@ The step's samples are then balanced over data-parallel ranks and micro-batches.
 
 ``lookup(source, gpos)`` returns the length of a sample once its loader has reported it, or
 None; then planning answers ``NeedData`` and is simply retried later with the same state.
+
+For speed, draws are made, looked up and packed a chunk at a time (``SourceDraws``,
+``RowPacker.place_each``), with the same result as one at a time; the plan keeps its pieces as
+columns (``Pieces``) and builds the ``Slot`` objects of ``StepPlan.rows`` when first read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
-from msd.plan.balance import Method, balance
+from msd.plan.balance import Method, placement
 from msd.plan.cost import CostModel
-from msd.plan.mix import draw_source, step_rng
-from msd.plan.rows import RowPacker, deal_rows
+from msd.plan.mix import SourceDraws, step_rng
+from msd.plan.rows import RowPacker, best_fit_rows, deal_rows
 from msd.plan.schedule import Schedule
 
 Lookup = Callable[[int, int], "int | None"]
@@ -77,10 +83,12 @@ class PlannerState:
         return PlannerState(0, (0,) * num_sources, ())
 
 
-@dataclass(frozen=True)
-class Slot:
+class Slot(NamedTuple):
     """One piece of a sample in a step: tokens ``[offset, offset + length)`` of the sample at
-    global position ``gpos`` of ``source``; ``padded`` is what it occupies in its row."""
+    global position ``gpos`` of ``source``; ``padded`` is what it occupies in its row.
+
+    A named tuple: a step holds one per piece, tens of thousands, and these are built fastest.
+    """
 
     source: int
     gpos: int
@@ -96,15 +104,46 @@ class Counts:
     dropped: int = 0
 
 
+PIECE_COLUMNS = ("source", "gpos", "length", "offset", "padded")
+
+
+@dataclass(frozen=True, eq=False)
+class Pieces:
+    """A step's pieces as columns: read-only int64 arrays, one entry per piece, ordered by global
+    row and, inside a row, as placed. The pieces of global row g (row j of rank r is
+    g = r × rows_per_rank + j) are ``bounds[g] : bounds[g + 1]``."""
+
+    columns: tuple[np.ndarray, ...]  # in the order of PIECE_COLUMNS
+    bounds: np.ndarray
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Pieces):
+            return NotImplemented
+        mine, theirs = (*self.columns, self.bounds), (*other.columns, other.bounds)
+        return all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+    def __hash__(self) -> int:
+        return hash(self.bounds.tobytes())
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """``rows[r][j]``: the pieces packed, in order, in row j of data-parallel rank r (row j is in
-    micro-batch ``j // micro_batch_size``)."""
+    micro-batch ``j // micro_batch_size``). Planned as ``pieces`` (columns); the ``Slot`` objects
+    of ``rows`` are built on first use."""
 
     step: int
-    rows: tuple[tuple[tuple[Slot, ...], ...], ...]
+    pieces: Pieces
+    rows_per_rank: int
     counts: Counts = Counts()
     dropped: tuple[tuple[int, int], ...] = ()
+
+    @cached_property
+    def rows(self) -> tuple[tuple[tuple[Slot, ...], ...], ...]:
+        slots = list(map(Slot, *(column.tolist() for column in self.pieces.columns)))
+        bounds, per_rank = self.pieces.bounds.tolist(), self.rows_per_rank
+        rows = [tuple(slots[bounds[g] : bounds[g + 1]]) for g in range(len(bounds) - 1)]
+        return tuple(tuple(rows[r : r + per_rank]) for r in range(0, len(rows), per_rank))
 
     @property
     def slots(self) -> list[Slot]:
@@ -124,23 +163,25 @@ class EndOfStream:
 
 def pieces(spec: StreamSpec, source: int, gpos: int, length: int) -> tuple[list[Slot], Counts]:
     """A sample as the pieces it is planned as: whole, split, truncated, or none (dropped)."""
-    if length <= spec.seq_len:
-        return [_slot(spec, source, gpos, length, 0)], Counts()
-    if spec.long_samples == "drop":
-        return [], Counts(dropped=1)
-    if spec.long_samples == "truncate":
-        return [_slot(spec, source, gpos, spec.seq_len, 0)], Counts(truncated=1)
-    n = min(-(-length // spec.seq_len), spec.global_rows)  # a step holds at most its rows
-    cut = Counts(split=1, truncated=int(n * spec.seq_len < length))
-    return [
-        _slot(spec, source, gpos, min(spec.seq_len, length - k * spec.seq_len), k * spec.seq_len)
-        for k in range(n)
-    ], cut
-
-
-def _slot(spec: StreamSpec, source: int, gpos: int, length: int, offset: int) -> Slot:
+    cut, split, truncated = _cut(length, spec.seq_len, spec.long_samples, spec.global_rows)
     m = spec.pad_multiple
-    return Slot(source, gpos, length, offset, -(-length // m) * m)
+    counts = Counts(split, truncated, int(not cut))
+    return [Slot(source, gpos, n, offset, -(-n // m) * m) for n, offset in cut], counts
+
+
+def _cut(
+    length: int, seq_len: int, policy: LongSamples, max_pieces: int
+) -> tuple[list[tuple[int, int]], int, int]:
+    """(length, offset) of each piece of a sample, and whether it was split, truncated."""
+    if length <= seq_len:
+        return [(length, 0)], 0, 0
+    if policy == "drop":
+        return [], 0, 0
+    if policy == "truncate":
+        return [(seq_len, 0)], 0, 1
+    n = min(-(-length // seq_len), max_pieces)  # a step holds at most its rows
+    cut = [(min(seq_len, length - k * seq_len), k * seq_len) for k in range(n)]
+    return cut, 1, int(n * seq_len < length)
 
 
 def _active(spec: StreamSpec, weights: tuple[float, ...], cursors: list[int]) -> list[bool]:
@@ -150,49 +191,137 @@ def _active(spec: StreamSpec, weights: tuple[float, ...], cursors: list[int]) ->
     ]
 
 
-@dataclass
 class _Selection:
-    packer: RowPacker
-    placed: list[Slot] = field(default_factory=list)
-    misfits: list[tuple[int, int]] = field(default_factory=list)
-    split: int = 0
-    truncated: int = 0
-    dropped: list[tuple[int, int]] = field(default_factory=list)
+    """The samples offered to a step so far: pieces placed (column blocks, in order), samples
+    that did not fit (``misfits``, carried to the next step) and samples dropped."""
 
-    def offer(self, spec: StreamSpec, source: int, gpos: int, length: int) -> None:
-        group, counts = pieces(spec, source, gpos, length)
-        if not group:
-            self.dropped.append((source, gpos))
-            return
-        if self.packer.place([s.padded for s in group]):
-            self.placed += group
-            self.split += counts.split
-            self.truncated += counts.truncated
-        else:
-            self.misfits.append((source, gpos))
+    def __init__(self, spec: StreamSpec) -> None:
+        self.spec = spec
+        self.packer = RowPacker(spec.global_rows, spec.seq_len)
+        self.blocks: list[list[np.ndarray]] = []
+        self.misfits: list[tuple[int, int]] = []
+        self.dropped: list[tuple[int, int]] = []
+        self.split = self.truncated = 0
+
+    @property
+    def closed(self) -> bool:
+        return len(self.misfits) >= self.spec.carry_limit
+
+    def next_chunk(self) -> int:
+        """How many draws to look up at once: about as many as the rows still hold."""
+        packer, free = self.packer, self.packer.free_tokens()
+        placed = packer.num_rows * packer.row_tokens - free
+        mean = placed / packer.count if packer.count else self.spec.seq_len / 2
+        return int(min(max(free / max(mean, 1.0), 16), 1 << 16))
+
+    def offer(
+        self, sources: np.ndarray, gpos: np.ndarray, lengths: Sequence[int | None], misfits: int
+    ) -> int:
+        """Offer samples (all lengths known) in order until ``misfits`` of them did not fit; how
+        many were offered."""
+        spec, m = self.spec, self.spec.pad_multiple
+        lens = np.array(lengths, dtype=np.int64)
+        padded = -(-lens // m) * m
+        long = np.flatnonzero(lens > spec.seq_len).tolist()
+        how = (spec.seq_len, spec.long_samples, spec.global_rows)
+        cuts = {j: _cut(n, *how) for j, n in zip(long, lens[long].tolist(), strict=True)}
+        padded[long] = spec.seq_len + 1  # fits no row alone: placed as its group
+        groups = {j: [-(-n // m) * m for n, _ in cut] for j, (cut, _, _) in cuts.items()}
+        offered, missed = self.packer.place_each(padded.tolist(), groups, misfits)
+        self.misfits += [(int(sources[j]), int(gpos[j])) for j in missed]
+        placed = {j: cuts[j][0] for j in long if j < offered and j not in missed}
+        for j, cut in placed.items():
+            self.split, self.truncated = self.split + cuts[j][1], self.truncated + cuts[j][2]
+            if not cut:
+                self.dropped.append((int(sources[j]), int(gpos[j])))
+        columns = (sources, gpos, lens, 0 * lens, padded)
+        self.blocks.append(_expand([c[:offered] for c in columns], missed, placed, m))
+        return offered
+
+    def columns(self) -> list[np.ndarray]:
+        if not self.blocks:
+            return [np.zeros(0, dtype=np.int64)] * len(PIECE_COLUMNS)
+        return [np.concatenate([b[c] for b in self.blocks]) for c in range(len(PIECE_COLUMNS))]
+
+
+def _expand(
+    columns: list[np.ndarray],
+    missed: list[int],
+    placed: dict[int, list[tuple[int, int]]],
+    pad_multiple: int,
+) -> list[np.ndarray]:
+    """One row per sample offered -> one row per piece placed: none for a sample that did not
+    fit or was dropped, one per piece for a sample cut into pieces."""
+    count = np.ones(len(columns[0]), dtype=np.int64)
+    count[missed] = 0
+    for j, cut in placed.items():
+        count[j] = len(cut)
+    block = [np.repeat(column, count) for column in columns]
+    cuts = {j: cut for j, cut in placed.items() if cut}
+    if cuts:  # write each cut sample's pieces over its copies
+        at = (np.cumsum(count) - count)[list(cuts)].tolist()
+        where = [a + k for a, cut in zip(at, cuts.values(), strict=True) for k in range(len(cut))]
+        lengths, offsets = zip(*[piece for cut in cuts.values() for piece in cut], strict=True)
+        block[2][where] = lengths
+        block[3][where] = offsets
+        block[4][where] = -(-np.array(lengths) // pad_multiple) * pad_multiple
+    return block
+
+
+def _until_exhausted(spec: StreamSpec, sources: np.ndarray, cursors: list[int]) -> int:
+    """How many of these draws come before a finite source runs out (the one taking its last
+    sample included): after it, the rest are drawn over fewer sources."""
+    cut = len(sources)
+    for s in range(len(cursors)):
+        left = spec.num_rows[s] - cursors[s]
+        if not spec.repeat[s] and 0 < left < cut:
+            taken = np.flatnonzero(sources[:cut] == s)
+            if len(taken) >= left:
+                cut = int(taken[left - 1]) + 1
+    return cut
+
+
+def _positions(sources: np.ndarray, cursors: list[int]) -> np.ndarray:
+    """The global position each draw takes: its source's cursor plus earlier draws of it."""
+    keys = sources.astype(np.uint16) if len(cursors) < 2**16 else sources  # radix-sorted
+    order = np.argsort(keys, kind="stable")
+    grouped = sources[order]
+    earlier = np.arange(len(sources)) - np.searchsorted(grouped, grouped, side="left")
+    gpos = np.empty(len(sources), dtype=np.int64)
+    gpos[order] = np.asarray(cursors, dtype=np.int64)[grouped] + earlier
+    return gpos
 
 
 def _select(
     spec: StreamSpec, state: PlannerState, lookup: Lookup
 ) -> tuple[_Selection, list[int]] | NeedData:
-    """Carry first, then fresh draws, until ``carry_limit`` samples did not fit."""
-    sel = _Selection(RowPacker(spec.global_rows, spec.seq_len))
-    for source, gpos in state.carry:
-        length = lookup(source, gpos)
-        if length is None:
-            return NeedData(source, gpos)
-        sel.offer(spec, source, gpos, length)
+    """Carry first, then fresh draws, until ``carry_limit`` samples did not fit.
+
+    Draws are looked up a chunk at a time (about as many as the rows still hold); a draw after
+    the step closes is never taken, and ``NeedData`` names the first unknown draw it needs.
+    """
+    sel = _Selection(spec)
+    lengths = [lookup(s, g) for s, g in state.carry]
+    if None in lengths:
+        return NeedData(*state.carry[lengths.index(None)])
+    carry = np.array(state.carry, dtype=np.int64).reshape(-1, 2)
+    sel.offer(carry[:, 0], carry[:, 1], lengths, len(lengths) + 1)
     cursors = list(state.cursors)
-    rng = step_rng(spec.seed, state.step)
     weights = spec.schedule.weights_at(state.step)
-    while len(sel.misfits) < spec.carry_limit and any(active := _active(spec, weights, cursors)):
-        source = draw_source(rng, weights, active)
-        gpos = cursors[source]
-        length = lookup(source, gpos)
-        if length is None:
-            return NeedData(source, gpos)
-        cursors[source] += 1
-        sel.offer(spec, source, gpos, length)
+    draws = SourceDraws(step_rng(spec.seed, state.step), weights)
+    while not sel.closed and any(active := _active(spec, weights, cursors)):
+        draws.set_active(active)
+        sources = draws.peek(sel.next_chunk())
+        sources = sources[: _until_exhausted(spec, sources, cursors)]
+        gpos = _positions(sources, cursors)
+        lengths = list(map(lookup, sources.tolist(), gpos.tolist()))
+        known = lengths.index(None) if None in lengths else len(lengths)
+        offered = sel.offer(sources, gpos, lengths[:known], spec.carry_limit - len(sel.misfits))
+        if offered == known < len(lengths) and not sel.closed:
+            return NeedData(int(sources[known]), int(gpos[known]))
+        draws.advance(offered)
+        for s, n in enumerate(np.bincount(sources[:offered], minlength=len(cursors)).tolist()):
+            cursors[s] += n
     return sel, cursors
 
 
@@ -206,25 +335,35 @@ def plan_step(
     if isinstance(selected, NeedData):
         return selected
     sel, cursors = selected
-    if not sel.placed:
+    columns = sel.columns()
+    if not len(columns[0]):
         return EndOfStream(state.step)
     counts = Counts(sel.split, sel.truncated, len(sel.dropped))
-    plan = StepPlan(state.step, _split_over_ranks(spec, sel), counts, tuple(sel.dropped))
+    placed = _in_rows(spec, columns, _split_over_ranks(spec, columns[4]))
+    plan = StepPlan(state.step, placed, spec.rows_per_rank, counts, tuple(sel.dropped))
     return plan, PlannerState(state.step + 1, tuple(cursors), tuple(sel.misfits))
 
 
-def _split_over_ranks(
-    spec: StreamSpec, sel: _Selection
-) -> tuple[tuple[tuple[Slot, ...], ...], ...]:
-    """Balance the placed pieces; if the balancer cannot place them all, deal the packed rows."""
-    padded = np.array([s.padded for s in sel.placed], dtype=np.int64)
+def _split_over_ranks(spec: StreamSpec, padded: np.ndarray) -> np.ndarray:
+    """The global row of each piece: balanced; if the balancer cannot place them all, the rows
+    packed during selection, dealt whole."""
     costs = spec.cost(padded)
-    result = balance(
+    row_of = placement(
         padded, costs, spec.dp, spec.micro_batches, spec.micro_batch_size, spec.seq_len, spec.method
     )
-    rows = result.rows
-    if result.leftover:
-        rows = deal_rows(
-            sel.packer.members, costs, spec.dp, spec.rows_per_rank, spec.micro_batch_size
-        )
-    return tuple(tuple(tuple(sel.placed[i] for i in row) for row in rank) for rank in rows)
+    if np.any(row_of < 0):
+        members = best_fit_rows(padded.tolist(), spec.global_rows, spec.seq_len)
+        dealt = deal_rows(members, costs, spec.dp, spec.rows_per_rank, spec.micro_batch_size)
+        for g, row in enumerate(row for rank in dealt for row in rank):
+            row_of[list(row)] = g
+    return row_of
+
+
+def _in_rows(spec: StreamSpec, columns: list[np.ndarray], row_of: np.ndarray) -> Pieces:
+    keys = row_of.astype(np.uint16) if spec.global_rows < 2**16 else row_of  # radix-sorted
+    order = np.argsort(keys, kind="stable")
+    ordered = tuple(column[order] for column in columns)
+    bounds = np.searchsorted(row_of[order], np.arange(spec.global_rows + 1))
+    for array in (*ordered, bounds):
+        array.flags.writeable = False
+    return Pieces(ordered, bounds)

@@ -6,7 +6,11 @@ def test_a_sample_moves_through_its_states_and_leaves_the_window():
     graph.on_assigned(0, [(0, 0), (1, 0)], carried=[(0, 1)])
     assert graph.state_of((0, 0)) == "assigned" and graph.state_of((0, 1)) == "planned"
     assert graph.counts(reported=5) == {
-        "loaded": 4, "planned": 1, "assigned": 2, "delivered": 0, "consumed": 0,
+        "loaded": 4,
+        "planned": 1,
+        "assigned": 2,
+        "delivered": 0,
+        "consumed": 0,
     }
     graph.on_assigned(1, [(0, 1), (0, 2)], carried=[])
     graph.on_delivered(1)

@@ -137,3 +137,33 @@ def test_split_samples_are_planned_whole_and_exactly_once():
     for (source, _), got in pieces_of.items():
         assert len({step for step, _ in got}) == 1, "all pieces in one step"
         assert sorted(off for _, off in got) == ([0, 64, 128] if source == 0 else [0])
+
+
+def test_looking_ahead_never_asks_for_samples_the_step_does_not_take():
+    """Lengths are looked up a chunk at a time; a sample drawn after the step closes is never
+    taken, so not knowing it must not hold the step up."""
+    table, sp = lengths_table(3, 300), spec(repeat=(True, True, True))
+    _, state = run(sp, table, limit=3)
+    result = plan_step(sp, state, lambda s, g: int(table[s][g % 300]))
+    assert not isinstance(result, (NeedData, EndOfStream))
+    plan, after = result
+    taken = {(s.source, s.gpos) for s in plan.slots} | set(after.carry) | set(state.carry)
+
+    def only_taken(s, g):
+        return int(table[s][g % 300]) if (s, g) in taken else None
+
+    assert plan_step(sp, state, only_taken) == result
+
+
+def test_an_unknown_sample_is_asked_for_in_draw_order():
+    table, sp = lengths_table(3, 300), spec(repeat=(True, True, True))
+    _, state = run(sp, table, limit=2)
+    plan, _ = plan_step(sp, state, lambda s, g: int(table[s][g % 300]))
+    fresh = [(s.source, s.gpos) for s in plan.slots if (s.source, s.gpos) not in state.carry]
+    missing = set(fresh[len(fresh) // 2 :])
+    first_missing = next(key for key in fresh if key in missing)
+
+    def lookup(s, g):
+        return None if (s, g) in missing else int(table[s][g % 300])
+
+    assert plan_step(sp, state, lookup) == NeedData(*first_missing)
