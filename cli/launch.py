@@ -103,7 +103,8 @@ def launch(
     )
     with live or _Null():
         outcome = job.run(
-            lambda st: live.update(progress_view(st, weights), refresh=True) if live else None
+            lambda st: live.update(progress_view(st, weights), refresh=True) if live else None,
+            on_started=_print_slurm_ids if chosen == "slurm" and not json_out else None,
         )
     if not outcome.ok:
         err_console.print(f"[bold red]error:[/] {outcome.message}", highlight=False, soft_wrap=True)
@@ -116,6 +117,10 @@ def launch(
         if live is None:
             console.print(progress_view(outcome.status, weights))
         console.print(_final_table(outcome.status))
+
+
+def _print_slurm_ids(ids: dict[str, str]) -> None:
+    console.print("SLURM jobs: " + ", ".join(f"{name} {i}" for name, i in ids.items()))
 
 
 def _print_submissions(recipe: Recipe, json_out: bool) -> None:

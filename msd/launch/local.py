@@ -153,8 +153,13 @@ class LocalJob:
             self.children.append(child)
 
     # -- watching -----------------------------------------------------------------------------
-    def run(self, on_status: Callable[[Status], None]) -> Outcome:
-        """Start every process, then ``watch``; a Ctrl-C during start-up stops what started."""
+    def run(
+        self,
+        on_status: Callable[[Status], None],
+        on_started: Callable[[dict[str, str]], None] | None = None,
+    ) -> Outcome:
+        """Start every process (``on_started`` gets role → pid), then ``watch``; a Ctrl-C
+        during start-up stops what started."""
         try:
             with _deferred_sigint():
                 self.start()
@@ -162,6 +167,8 @@ class LocalJob:
             procs.stop_all(self.children)
             self._write_job_json("failed")
             return Outcome(False, INTERRUPTED, None, self.job)
+        if on_started is not None:
+            on_started({c.label: str(c.popen.pid) for c in self.children})
         return self.watch(on_status)
 
     def watch(self, on_status: Callable[[Status], None]) -> Outcome:

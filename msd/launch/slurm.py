@@ -137,12 +137,19 @@ class SlurmJob:
         cancel_jobs([j.job_id for _, j in self.submitted])
 
     # -- watching -----------------------------------------------------------------------------
-    def run(self, on_status: Callable[[Status], None]) -> Outcome:
+    def run(
+        self,
+        on_status: Callable[[Status], None],
+        on_started: Callable[[dict[str, str]], None] | None = None,
+    ) -> Outcome:
+        """Submit every job (``on_started`` gets role → SLURM job id), then ``watch``."""
         try:
             self.submit()
         except KeyboardInterrupt:
             self.cancel()
             return Outcome(False, INTERRUPTED, None, self.job)
+        if on_started is not None:
+            on_started({f"{s.role} {s.name}": j.job_id for s, j in self.submitted})
         return self.watch(on_status)
 
     def watch(self, on_status: Callable[[Status], None]) -> Outcome:

@@ -51,6 +51,7 @@ def test_slurm_run_places_roles_and_matches_the_local_stream(slurm_cluster, smal
         started = time.monotonic()
         result = msd("launch", f"{cluster}.yaml", cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
+        assert ("SLURM jobs: planner planner " in result.stdout) == (cluster == "slurm")
         print(f"{cluster}: {time.monotonic() - started:.1f} s")
     slurm_root, local_root = job_folder(tmp_path, "slurm"), job_folder(tmp_path, "local")
     slurm_logs, local_logs = read_rank_logs(slurm_root), read_rank_logs(local_root)
