@@ -74,35 +74,47 @@ def new_job_dir(recipe: Recipe, run_root: Path) -> JobDir:
     return JobDir(path)
 
 
-def _free_port() -> int:
+def prepare_job(recipe: Recipe, recipe_text: str, run_root: Path) -> JobDir:
+    """A new job folder holding the recipe as written and as validated (what roles read)."""
+    job = new_job_dir(recipe, run_root.resolve())
+    job.create()
+    (job.root / "recipe.yaml").write_text(recipe_text)
+    job.recipe_json.write_bytes(to_json(recipe))
+    return job
+
+
+def write_job_state(job: JobDir, recipe: Recipe, cluster: str, state: str, **extra: Any) -> None:
+    """``job.json``: what ``msd stop`` and ``msd status`` read about a run."""
+    job.write_json(
+        job.job_json,
+        {
+            "name": recipe.name,
+            "fingerprint": stream_fingerprint(recipe),
+            "cluster": cluster,
+            "state": state,
+            "launcher_pid": os.getpid(),
+            **extra,
+        },
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
 class LocalJob:
     def __init__(self, recipe: Recipe, recipe_text: str, run_root: Path) -> None:
         self.recipe = recipe
-        self.job = new_job_dir(recipe, run_root)
-        self.job.create()
-        (self.job.root / "recipe.yaml").write_text(recipe_text)
-        self.job.recipe_json.write_bytes(to_json(recipe))
+        self.job = prepare_job(recipe, recipe_text, run_root)
         self.children: list[procs.Child] = []
         self.trainers: list[procs.Child] = []
         self.env = {**os.environ, "MSD_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         self._write_job_json("starting")
 
     def _write_job_json(self, state: str) -> None:
-        self.job.write_json(
-            self.job.job_json,
-            {
-                "name": self.recipe.name,
-                "fingerprint": stream_fingerprint(self.recipe),
-                "launcher_pid": os.getpid(),
-                "cluster": "local",
-                "state": state,
-            },
-        )
+        write_job_state(self.job, self.recipe, "local", state)
 
     # -- starting -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,7 +155,7 @@ class LocalJob:
             "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(free_port()),
         }
         for rank in range(world):
             env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}

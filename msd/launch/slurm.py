@@ -10,8 +10,6 @@ when any job fails it cancels the rest and names the failed one with its log.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -22,11 +20,18 @@ import zmq
 
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
-from msd.launch.local import INTERRUPTED, Outcome, final_status, new_job_dir
+from msd.launch.local import (
+    INTERRUPTED,
+    Outcome,
+    final_status,
+    free_port,
+    prepare_job,
+    write_job_state,
+)
 from msd.launch.procs import tail
 from msd.launch.slurm_plan import Submission, submissions
 from msd.launch.slurm_task import run_role, run_trainer_task
-from msd.recipe.schema import Recipe, Trainer, stream_fingerprint, to_json
+from msd.recipe.schema import Recipe, Trainer
 from msd.wire import transport
 from msd.wire.protocol import Status, StatusRequest, Stop
 
@@ -76,40 +81,22 @@ def cancel_jobs(ids: list[str], timeout_s: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 class SlurmJob:
     def __init__(self, recipe: Recipe, recipe_text: str, run_root: Path) -> None:
         self.recipe = recipe
-        self.job = new_job_dir(recipe, run_root.resolve())
-        self.job.create()
-        (self.job.root / "recipe.yaml").write_text(recipe_text)
-        self.job.recipe_json.write_bytes(to_json(recipe))
+        self.job = prepare_job(recipe, recipe_text, run_root)
         self.plan = submissions(recipe)
         self.submitted: list[tuple[Submission, Any]] = []
 
     def _write_job_json(self, state: str) -> None:
-        self.job.write_json(
-            self.job.job_json,
-            {
-                "name": self.recipe.name,
-                "fingerprint": stream_fingerprint(self.recipe),
-                "cluster": "slurm",
-                "state": state,
-                "launcher_pid": os.getpid(),
-                "slurm_jobs": {f"{s.role} {s.name}": j.job_id for s, j in self.submitted},
-            },
-        )
+        ids = {f"{s.role} {s.name}": j.job_id for s, j in self.submitted}
+        write_job_state(self.job, self.recipe, "slurm", state, slurm_jobs=ids)
 
     # -- submitting ---------------------------------------------------------------------------
     def submit(self) -> None:
         import submitit
 
-        port = _free_port()
+        port = free_port("")
         try:
             for sub in self.plan:
                 executor = submitit.AutoExecutor(folder=self.job.root / "slurm", cluster="slurm")
