@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,3 +85,28 @@ def processes_of_launcher(launcher_pid: int) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def start_launch(cwd: Path, recipe_file: str) -> subprocess.Popen[str]:
+    """`msd launch RECIPE` in the background, its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "msd.cli", "launch", recipe_file],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_file(
+    cwd: Path, pattern: str, launcher: subprocess.Popen[str], lines: int = 0, timeout_s: float = 120
+) -> Path:
+    """The first file matching ``pattern`` under ``cwd`` once it has ``lines`` lines, while the
+    launcher still runs; fails the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and launcher.poll() is None:
+        found = sorted(cwd.glob(pattern))
+        if found and len(found[0].read_text().splitlines()) >= lines:
+            return found[0]
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern} did not appear (launcher exit code {launcher.poll()})")

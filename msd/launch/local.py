@@ -221,11 +221,10 @@ class LocalJob:
             if time.monotonic() >= next_ask:
                 transport.send(sock, StatusRequest())
                 next_ask = time.monotonic() + STATUS_EVERY_S
-            if sock.poll(int(POLL_S * 1000)):
-                msg = transport.recv(sock)[1]
-                if isinstance(msg, Status):
-                    status = msg
-                    on_status(msg)
+            reply = receive_status(sock, POLL_S)
+            if reply is not None:
+                status = reply
+                on_status(reply)
 
     def _finished(self, status: Status | None) -> bool:
         """The trainers msd started have exited, or (attached) consumed the whole stream."""
@@ -258,6 +257,14 @@ class LocalJob:
         for child in self.children:
             with contextlib.suppress(Exception):
                 child.popen.wait(max(0.0, deadline - time.monotonic()))
+
+
+def receive_status(sock: zmq.Socket[Any], timeout_s: float) -> Status | None:
+    """The Planner's next ``Status`` reply if one arrives within ``timeout_s``."""
+    if not sock.poll(int(timeout_s * 1000)):
+        return None
+    msg = transport.recv(sock)[1]
+    return msg if isinstance(msg, Status) else None
 
 
 def final_status(sock: zmq.Socket[Any], timeout_s: float = 2.0) -> Status | None:

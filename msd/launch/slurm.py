@@ -26,6 +26,7 @@ from msd.launch.local import (
     final_status,
     free_port,
     prepare_job,
+    receive_status,
     write_job_state,
 )
 from msd.launch.procs import tail
@@ -199,11 +200,10 @@ class SlurmJob:
                 except LaunchError as exc:
                     return status, str(exc)
                 transport.send(sock, StatusRequest())
-            if sock.poll(int(POLL_S * 1000)):
-                msg = transport.recv(sock)[1]
-                if isinstance(msg, Status):
-                    status = msg
-                    on_status(msg)
+            reply = receive_status(sock, POLL_S)
+            if reply is not None:
+                status = reply
+                on_status(reply)
 
     def _trainers_done(self, status: Status | None) -> bool:
         """Every rank has written its exit code (a non-zero one is a failure); for trainers

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import yaml
 
-from tests.conftest import base_recipe, read_rank_logs
+from tests.conftest import base_recipe, read_rank_logs, start_launch, wait_for_file
 
 TRAIN = """
 import json, os, sys
@@ -50,18 +49,9 @@ def test_a_user_sbatch_job_reads_the_same_stream(slurm_cluster, small_data, tmp_
     (tmp_path / "job.sh").write_text(SBATCH.format(out=out, python=sys.executable))
 
     cmd = [sys.executable, "-m", "msd.cli"]
-    launcher = subprocess.Popen(
-        [*cmd, "launch", "attach.yaml"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start_launch(tmp_path, "attach.yaml")
     try:
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob("runs/*/endpoints/planner")):
-            assert time.monotonic() < deadline and launcher.poll() is None, launcher.stderr
-            time.sleep(0.2)
+        wait_for_file(tmp_path, "runs/*/endpoints/planner", launcher)
         (job,) = tmp_path.glob("runs/t-*")
         subprocess.run(
             ["sbatch", "job.sh", str(job)], cwd=tmp_path, check=True, capture_output=True

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import base_recipe, read_rank_logs
+from tests.conftest import base_recipe, read_rank_logs, start_launch, wait_for_file
 
 
 def recipe(data: Path, cluster: str, steps: int = 200) -> dict:
@@ -81,23 +81,9 @@ def test_a_cancelled_loader_is_reported_not_hung(slurm_cluster, small_data, tmp_
     r = recipe(small_data, "slurm", steps=100000)
     r["trainer"]["demo"]["step_ms"] = 20
     (tmp_path / "long.yaml").write_text(yaml.safe_dump(r))
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "msd.cli", "launch", "long.yaml"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start_launch(tmp_path, "long.yaml")
     try:
-        deadline = time.monotonic() + 120
-        log = None
-        while time.monotonic() < deadline:
-            logs = list(tmp_path.glob("runs/*/trainer/rank-0.jsonl"))
-            if logs and len(logs[0].read_text().splitlines()) >= 5:
-                log = logs[0]
-                break
-            time.sleep(0.2)
-        assert log is not None, "the run did not start"
+        log = wait_for_file(tmp_path, "runs/*/trainer/rank-0.jsonl", launcher, lines=5)
         jobs = json.loads((log.parents[1] / "job.json").read_text())["slurm_jobs"]
         subprocess.run(["scancel", jobs["loader web/0"]], check=True)
         _, err = launcher.communicate(timeout=60)
@@ -115,18 +101,9 @@ def test_msd_stop_leaves_no_job_and_no_process(slurm_cluster, small_data, tmp_pa
     r = recipe(small_data, "slurm", steps=100000)
     r["trainer"]["demo"]["step_ms"] = 20
     (tmp_path / "long.yaml").write_text(yaml.safe_dump(r))
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "msd.cli", "launch", "long.yaml"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start_launch(tmp_path, "long.yaml")
     try:
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob("runs/*/trainer/rank-3.jsonl")):
-            assert time.monotonic() < deadline and launcher.poll() is None
-            time.sleep(0.2)
+        wait_for_file(tmp_path, "runs/*/trainer/rank-3.jsonl", launcher)
         (job,) = tmp_path.glob("runs/*")
         jobs = json.loads((job / "job.json").read_text())["slurm_jobs"]
         stopped = msd("stop", str(job), cwd=tmp_path, timeout=60)
