@@ -26,8 +26,8 @@ import zmq
 from msd.errors import MsdError
 from msd.jobdir import JobDir
 from msd.launch import procs
+from msd.plan.partition import loader_processes
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
-from msd.roles.loader import loader_name
 from msd.wire import transport
 from msd.wire.protocol import Status, StatusRequest, Stop
 
@@ -126,10 +126,9 @@ class LocalJob:
             "local",
             procs.role_argv("constructor", root, "--node", "local", "--ranks", ranks),
         )
-        for s, source in enumerate(self.recipe.sources):
-            for i in range(source.loaders):
-                argv = procs.role_argv("loader", root, "--source", str(s), "--index", str(i))
-                self._role("loader", loader_name(source.name, i), argv)
+        for process in loader_processes(self.recipe):
+            argv = procs.role_argv("loader", root, "--name", process.name)
+            self._role("loader", process.name, argv)
         self._start_trainers()
         self._write_job_json("running")
 

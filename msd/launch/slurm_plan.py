@@ -1,7 +1,7 @@
 """What ``msd launch --cluster slurm`` submits: one pure function from a recipe to submissions.
 
     planner   one small CPU job
-    loaders   one CPU job per loader (they scale and fail separately)
+    loaders   one CPU job per loader process (they scale and fail separately)
     trainer   one job of ``trainer.nodes`` nodes; on each node ``tasks_per_node`` trainer
               ranks plus one more task: that node's Data Constructor, the ranks' sidecar
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from msd.errors import LaunchError
+from msd.plan.partition import loader_processes
 from msd.recipe.schema import Recipe, SlurmRole, Trainer
-from msd.roles.loader import loader_name
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,10 @@ def submissions(recipe: Recipe) -> list[Submission]:
             ("planner",),
         )
     ]
-    for s, source in enumerate(recipe.sources):
-        for i in range(source.loaders):
-            params = {**_common(recipe, "loader", slurm.loader), "nodes": 1, "tasks_per_node": 1}
-            task = ("loader", "--source", str(s), "--index", str(i))
-            subs.append(Submission("loader", loader_name(source.name, i), params, task))
+    for process in loader_processes(recipe):
+        params = {**_common(recipe, "loader", slurm.loader), "nodes": 1, "tasks_per_node": 1}
+        task = ("loader", "--name", process.name)
+        subs.append(Submission("loader", process.name, params, task))
     if recipe.trainer is None:
         return subs  # attached: the user's job runs the trainers and `msd sidecar` per node
     per_node = ranks_per_node(recipe)

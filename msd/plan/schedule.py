@@ -63,3 +63,18 @@ def _set(points: list[tuple[int, float]], step: int, weight: float) -> None:
 
 def constant(weights: Sequence[float]) -> Schedule:
     return Schedule(tuple(((0, float(w)),) for w in weights), linear=False)
+
+
+def peak_shares(schedule: Schedule) -> tuple[float, ...]:
+    """Each source's largest normalised share over the whole schedule.
+
+    Between milestones a share is a ratio of linear functions, so it is largest at a milestone:
+    looking at every milestone step is enough.
+    """
+    steps = sorted({step for points in schedule.points for step, _ in points})
+    peaks = [0.0] * len(schedule.points)
+    for step in steps:
+        weights = schedule.weights_at(step)
+        norm = sum(weights) or 1.0
+        peaks = [max(p, w / norm) for p, w in zip(peaks, weights, strict=True)]
+    return tuple(peaks)

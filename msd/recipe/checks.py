@@ -159,6 +159,9 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     if buffer is not None:
         fix = "buffer at least one row, or omit it for two global batches"
         problems += _at_least("loader.buffer_tokens", buffer, recipe.seq_len, fix)
+    per_process = recipe.loader.sources_per_process
+    fix = "serve at least 1 source per loader process"
+    problems += _at_least("loader.sources_per_process", per_process, 1, fix)
     prefetch = recipe.constructor.prefetch_steps
     return problems + _at_least(
         "constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step"

@@ -97,11 +97,15 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Knobs shared by every Source Loader.
 
     block_row_groups: row groups per shuffle block (a loader reads whole blocks).
-    buffer_tokens: read-ahead per loader; default two global batches.
+    buffer_tokens: read-ahead of the whole data plane, shared out over the sources by their
+        largest share of the mix (at least ``seq_len`` tokens each); default two global batches.
+    sources_per_process: how many sources with ``loaders: 1`` one loader process serves (in
+        recipe order), so many light sources do not mean as many processes.
     """
 
     block_row_groups: int = 1
     buffer_tokens: int | None = None
+    sources_per_process: int = 1
 
 
 class ConstructorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -17,8 +17,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m msd.roles")
     parser.add_argument("role", choices=["planner", "loader", "constructor"])
     parser.add_argument("--job", required=True)
-    parser.add_argument("--source", type=int, default=0)
-    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--name", default="", help="the loader process (msd.plan.partition)")
     parser.add_argument("--node", default="local")
     parser.add_argument("--ranks", default="")
     return parser.parse_args(argv)
@@ -36,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "loader":
         from msd.roles import loader
 
-        name = loader.loader_name(job.recipe().sources[args.source].name, args.index)
+        name = args.name
         return run_role(
             "loader",
             name,
             lambda: _planner_socket(job, f"failure/loader/{name}"),
-            lambda: loader.main(job, args.source, args.index),
+            lambda: loader.main(job, name),
         )
     from msd.roles import constructor
 

@@ -1,16 +1,20 @@
-"""Source Loader: reads its share of one source, reports lengths, sends payloads where told.
+"""Source Loader: reads its shards of one or more sources, reports lengths, sends payloads.
 
-Loader ``i`` of ``L`` owns every L-th block that an epoch visits (k ≡ i mod L), reads those
-blocks in visiting order, tokenizes them and reports each sample's length to the Planner. It
-keeps the tokens until the Planner routes them to a Constructor, then forgets them. It reads
-ahead only while it holds fewer than ``buffer_tokens`` unrouted tokens, so its memory is bounded
-and does not depend on the number of ranks.
+A loader process serves the shards ``msd.plan.partition`` gives it. Shard ``i`` of a source read
+by ``L`` shards owns every L-th block that an epoch visits (k ≡ i mod L); it reads those blocks
+in visiting order, tokenizes them and reports each sample's length to the Planner. It keeps the
+tokens until the Planner routes them to a Constructor, then forgets them.
+
+Memory is bounded per source, not per rank: a shard reads ahead only while it holds fewer
+unrouted tokens than its share of ``buffer_tokens`` (the source's largest share of the mix),
+or up to a position the Planner waits for; and of a block's text it keeps only the rows not yet
+tokenized (``_Visit.compact``), so a light source holds a fraction of a row group, not all of it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +25,8 @@ import zmq
 
 from msd.jobdir import JobDir
 from msd.plan.order import EpochOrder, make_blocks
+from msd.plan.partition import LoaderProcess, Shard, find_process
+from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
 from msd.roles.common import connect_planner, hello
 from msd.sources.index import SourceIndex, open_source, source_key
@@ -32,10 +38,10 @@ from msd.wire.protocol import DISCARD, Meta, Payload, Route, Stop, Want, Welcome
 # Text bytes tokenized per loop turn: small enough that Routes are answered within
 # milliseconds even with a slow tokenizer, large enough that per-message costs stay small.
 CHUNK_BYTES = 64 * 1024
-
-
-def loader_name(source: str, index: int) -> str:
-    return f"{source}/{index}"
+# A block's text is compacted once at least half of it is tokenized and it is this big.
+COMPACT_BYTES = 256 * 1024
+# Open Parquet files a loader process keeps (an LRU shared by its shards).
+MAX_OPEN_FILES = 64
 
 
 def cell_sizes(column: pa.Array) -> np.ndarray:
@@ -55,79 +61,189 @@ def chunk_end(sizes: np.ndarray, start: int, budget: int) -> int:
     return start + max(1, fits)
 
 
+def shard_budgets(recipe: Recipe) -> tuple[int, ...]:
+    """Unrouted tokens each shard of each source may hold: the read-ahead shared out by the
+    source's largest share of the mix, over its shards; at least one row (``seq_len``)."""
+    total = recipe.loader_buffer_tokens
+    peaks = peak_shares(schedule_of(recipe))
+    return tuple(
+        max(recipe.seq_len, int(total * peak / source.loaders))
+        for source, peak in zip(recipe.sources, peaks, strict=True)
+    )
+
+
 @dataclass
 class _Visit:
-    """A block being tokenized chunk by chunk; ``at`` is the next position within it."""
+    """A block being tokenized chunk by chunk, in visiting order.
+
+    ``column`` holds the block's text still to be tokenized: entry ``index[k]`` of it is the
+    visit's k-th row, block row ``rows[k]``; ``at`` is the next k. Positions are global:
+    ``gpos_start + k``.
+    """
 
     gpos_start: int
     first_row: int
-    local_rows: np.ndarray
+    rows: np.ndarray
+    index: np.ndarray
     column: pa.Array
     sizes: np.ndarray
     at: int = 0
 
+    @property
+    def done(self) -> bool:
+        return self.at >= len(self.rows)
 
-class Loader:
-    def __init__(self, job: JobDir, recipe: Recipe, source: int, index: int) -> None:
-        self.recipe = recipe
-        self.source = source
-        self.index = index
-        spec = recipe.sources[source]
-        self.name = loader_name(spec.name, index)
-        self.num_loaders = spec.loaders
-        self.src: SourceIndex = open_source(spec, f"sources[{source}]")
+    def compact(self) -> None:
+        """Drop the text already tokenized (a copy of the rest), once that is worth it."""
+        if 2 * self.at < len(self.rows) or self.column.nbytes < COMPACT_BYTES:
+            return
+        self.column = self.column.take(pa.array(self.index[self.at :]))
+        self.gpos_start += self.at
+        self.rows, self.sizes = self.rows[self.at :], self.sizes[self.at :]
+        self.index, self.at = np.arange(len(self.rows)), 0
+
+
+class SourceShard:
+    """One shard of one source: its visits, the tokens it holds, and how far it may read."""
+
+    def __init__(self, recipe: Recipe, shard: Shard, reader: RowGroupReader, budget: int) -> None:
+        self.recipe, self.source, self.index = recipe, shard.source, shard.index
+        spec = recipe.sources[shard.source]
+        self.num_shards = spec.loaders
+        self.src: SourceIndex = open_source(spec, f"sources[{shard.source}]")
         self.blocks = make_blocks(
             [rg.num_rows for rg in self.src.row_groups], recipe.loader.block_row_groups
         )
         self.key = source_key(spec.name)
         self.tokenize = make_transform(spec.transform, self.src.column_kind)
-        self.reader = RowGroupReader()
+        self.reader, self.budget = reader, budget
         self.visits = self._visits()
         self.upcoming = next(self.visits, None)
         self.visit: _Visit | None = None
         self.want = -1
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
-        self.planner = connect_planner(job, f"loader/{self.name}")
-        self.constructors: list[zmq.Socket[Any]] = []
 
     def _visits(self) -> Iterator[tuple[EpochOrder, int]]:
-        """This loader's (epoch order, visit index) pairs, in stream order."""
+        """This shard's (epoch order, visit index) pairs, in stream order."""
         epoch = 0
         while True:
             order = EpochOrder(self.blocks, self.recipe.seed, self.key, epoch)
-            yield from ((order, k) for k in range(self.index, len(self.blocks), self.num_loaders))
+            yield from ((order, k) for k in range(self.index, len(self.blocks), self.num_shards))
             if not self.recipe.sources[self.source].repeat:
                 return
             epoch += 1
 
-    def run(self) -> None:
-        transport.send(self.planner, hello("loader", self.name, sources=(self.source,)))
-        poller = zmq.Poller()
-        poller.register(self.planner, zmq.POLLIN)
-        while True:
-            can_read = self._can_read()
-            for _ in dict(poller.poll(0 if can_read else 100)):
-                if not self._handle(*transport.recv(self.planner)[1:]):
-                    return
-            if can_read:
-                self._read_next()
-
-    def _can_read(self) -> bool:
-        """Read ahead within the buffer, and past it up to a position the Planner waits for
-        (the buffer may be full of samples the Planner took but has not placed yet)."""
-        position = self._next_gpos()
-        if position is None:
-            return False
-        return self.held_tokens < self.recipe.loader_buffer_tokens or position <= self.want
-
-    def _next_gpos(self) -> int | None:
+    def next_gpos(self) -> int | None:
         if self.visit is not None:
             return self.visit.gpos_start + self.visit.at
         if self.upcoming is None:
             return None
         order, k = self.upcoming
         return order.epoch * order.num_rows + int(order.block_starts[k])
+
+    @property
+    def waited_for(self) -> bool:
+        """The Planner waits for a position this shard has not read yet."""
+        position = self.next_gpos()
+        return position is not None and position <= self.want
+
+    @property
+    def fill(self) -> float:
+        """How full the read-ahead is (at least 1: read only if waited for; inf: done)."""
+        if self.next_gpos() is None:
+            return float("inf")
+        return self.held_tokens / self.budget
+
+    def read_next(self) -> Meta | None:
+        """Tokenize the next chunk of the current block (opening the next block when needed);
+        the lengths to report to the Planner."""
+        if self.visit is None:
+            self.visit = self._open_visit()
+            if self.visit is None:
+                return None
+        visit = self.visit
+        budget = (
+            CHUNK_BYTES if self.waited_for else min(CHUNK_BYTES, self.budget - self.held_tokens)
+        )
+        end = chunk_end(visit.sizes, visit.at, budget)
+        tokens = self.tokenize(visit.column.take(pa.array(visit.index[visit.at : end])))
+        gpos_start, rows = visit.gpos_start + visit.at, visit.first_row + visit.rows[visit.at : end]
+        visit.at = end
+        if visit.done:
+            self.visit = None
+        else:
+            visit.compact()
+        for offset, t in enumerate(tokens):
+            self.held[gpos_start + offset] = t
+            self.held_tokens += len(t)
+        return Meta(
+            source=self.source,
+            gpos_start=gpos_start,
+            lengths=tuple(len(t) for t in tokens),
+            sample_ids=tuple(int(r) for r in rows),
+        )
+
+    def take(self, gposes: Sequence[int]) -> list[np.ndarray]:
+        return [self.held[g] for g in gposes]
+
+    def forget(self, gposes: Sequence[int]) -> None:
+        for gpos in set(gposes):
+            self.held_tokens -= len(self.held.pop(gpos))
+
+    def _open_visit(self) -> _Visit | None:
+        """Read (not yet tokenize) the column of this shard's next block."""
+        if self.upcoming is None:
+            return None
+        order, k = self.upcoming
+        self.upcoming = next(self.visits, None)
+        block = self.blocks[int(order.block_perm[k])]
+        groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
+        column = pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
+        rows = order.rows_of_visit(k) - block.first_row
+        sizes = cell_sizes(column)[rows]
+        gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
+        return _Visit(gpos_start, block.first_row, rows, rows, column, sizes)
+
+
+class Loader:
+    """A loader process: its shards, one Planner connection, a PUSH socket per Constructor."""
+
+    def __init__(self, job: JobDir, recipe: Recipe, process: LoaderProcess) -> None:
+        self.recipe, self.name = recipe, process.name
+        self.reader = RowGroupReader(max_open_files=min(MAX_OPEN_FILES, 4 * len(process.shards)))
+        budgets = shard_budgets(recipe)
+        self.shards = {
+            shard.source: SourceShard(recipe, shard, self.reader, budgets[shard.source])
+            for shard in process.shards
+        }
+        self.planner = connect_planner(job, f"loader/{self.name}")
+        self.constructors: list[zmq.Socket[Any]] = []
+
+    def run(self) -> None:
+        sources = tuple(self.shards)
+        transport.send(self.planner, hello("loader", self.name, sources=sources))
+        poller = zmq.Poller()
+        poller.register(self.planner, zmq.POLLIN)
+        while True:
+            shard = self._next_shard()
+            for _ in dict(poller.poll(0 if shard else 100)):
+                if not self._handle(*transport.recv(self.planner)[1:]):
+                    return
+            if shard is not None:
+                meta = shard.read_next()
+                if meta is not None:
+                    transport.send(self.planner, meta)
+
+    def _next_shard(self) -> SourceShard | None:
+        """A shard the Planner waits for first, else the one with the emptiest read-ahead."""
+        best: SourceShard | None = None
+        for shard in self.shards.values():
+            if shard.waited_for:
+                return shard
+            if shard.fill < 1.0 and (best is None or shard.fill < best.fill):
+                best = shard
+        return best
 
     def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
         if isinstance(msg, Welcome):
@@ -138,73 +254,35 @@ class Loader:
         elif isinstance(msg, Route):
             self._route(msg)
         elif isinstance(msg, Want):
-            self.want = max(self.want, msg.gpos)
+            shard = self.shards[msg.source]
+            shard.want = max(shard.want, msg.gpos)
         elif isinstance(msg, Stop):
             return False
         return True
 
     def _route(self, msg: Route) -> None:
         """One payload message per destination: the routed samples' tokens back to back."""
+        shard = self.shards[msg.source]
         by_dest: dict[int, list[int]] = {}
         for gpos, dest in zip(msg.gpos, msg.constructor, strict=True):
             by_dest.setdefault(dest, []).append(gpos)
         by_dest.pop(DISCARD, None)  # dropped by the plan: only forgotten
         for dest, gposes in by_dest.items():
-            tokens = [self.held[g] for g in gposes]
+            tokens = shard.take(gposes)
             lengths = tuple(len(t) for t in tokens)
-            payload = Payload(
-                step=msg.step, source=self.source, gpos=tuple(gposes), lengths=lengths
-            )
+            payload = Payload(step=msg.step, source=msg.source, gpos=tuple(gposes), lengths=lengths)
             buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
             transport.send(self.constructors[dest], payload, [buffer])
-        for gpos in set(msg.gpos):
-            self.held_tokens -= len(self.held.pop(gpos))
-
-    def _read_next(self) -> None:
-        """Tokenize the next chunk of the current block, opening the next block when needed."""
-        if self.visit is None:
-            self.visit = self._open_visit()
-            if self.visit is None:
-                return
-        visit = self.visit
-        end = chunk_end(visit.sizes, visit.at, CHUNK_BYTES)
-        local = visit.local_rows[visit.at : end]
-        tokens = self.tokenize(visit.column.take(pa.array(local)))
-        self._report(visit.gpos_start + visit.at, visit.first_row + local, tokens)
-        visit.at = end
-        if end == len(visit.local_rows):
-            self.visit = None
-
-    def _open_visit(self) -> _Visit | None:
-        """Read (not yet tokenize) the column of this loader's next block."""
-        if self.upcoming is None:
-            return None
-        order, k = self.upcoming
-        self.upcoming = next(self.visits, None)
-        block = self.blocks[int(order.block_perm[k])]
-        groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
-        column = pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
-        local_rows = order.rows_of_visit(k) - block.first_row
-        sizes = cell_sizes(column)[local_rows]
-        gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
-        return _Visit(gpos_start, block.first_row, local_rows, column, sizes)
-
-    def _report(self, gpos_start: int, rows: np.ndarray, tokens: list[np.ndarray]) -> None:
-        """Keep the tokens; tell the Planner their lengths (it decides on long samples)."""
-        for offset, t in enumerate(tokens):
-            self.held[gpos_start + offset] = t
-            self.held_tokens += len(t)
-        meta = Meta(
-            source=self.source,
-            gpos_start=gpos_start,
-            lengths=tuple(len(t) for t in tokens),
-            sample_ids=tuple(int(r) for r in rows),
-        )
-        transport.send(self.planner, meta)
+        shard.forget(msg.gpos)
 
 
-def main(job: JobDir, source: int, index: int) -> None:
+def main(job: JobDir, name: str) -> None:
     started = time.monotonic()
-    loader = Loader(job, job.recipe(), source, index)
-    print(f"loader {loader.name} ready in {time.monotonic() - started:.2f} s", flush=True)
+    recipe = job.recipe()
+    loader = Loader(job, recipe, find_process(recipe, name))
+    print(
+        f"loader {loader.name} ({len(loader.shards)} sources) ready in "
+        f"{time.monotonic() - started:.2f} s",
+        flush=True,
+    )
     loader.run()

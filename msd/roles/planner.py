@@ -19,6 +19,7 @@ from msd.errors import ProtocolError
 from msd.jobdir import JobDir
 from msd.plan.cost import CostModel
 from msd.plan.lifecycle import SampleGraph
+from msd.plan.partition import loader_processes
 from msd.plan.schedule import schedule_of
 from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
 from msd.plan.topology import Topology
@@ -84,7 +85,7 @@ class Planner:
         self.spec = stream_spec(recipe, num_rows)
         self.state = PlannerState.initial(len(recipe.sources))
         self.sock, endpoint = transport.bind(transport.context(), zmq.ROUTER)
-        self.expected_loaders = sum(s.loaders for s in recipe.sources)
+        self.expected_loaders = len(loader_processes(recipe))
         self.loaders: dict[str, Peer] = {}
         self.constructors: list[Peer] = []
         self.topology = topology_of(recipe)

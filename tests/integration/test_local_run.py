@@ -107,16 +107,26 @@ def test_streams_are_identical_across_runs_and_loader_counts(small_data, write_r
     for s, n in zip(recipe["sources"], (1, 3, 2), strict=True):
         s["loaders"] = n
     rescaled = run_job(write_recipe(recipe, "c.yaml"), tmp_path / "runs")
-    assert first.ok and second.ok and rescaled.ok
+    # One process serving two sources, a third alone; read-ahead of one row per source, so
+    # the Planner's Wants drive the reading.
+    for s in recipe["sources"]:
+        s["loaders"] = 1
+    recipe["loader"] = {"sources_per_process": 2, "buffer_tokens": 512}
+    shared = run_job(write_recipe(recipe, "d.yaml"), tmp_path / "runs")
+    assert first.ok and second.ok and rescaled.ok and shared.ok
+    assert sorted(p.name for p in (shared.job.root / "logs").glob("loader-*")) == [
+        "loader-books-0.log",
+        "loader-web+1.log",
+    ]
     digests = [
         {
             rank: [r["digest"] for r in records]
             for rank, records in read_rank_logs(o.job.root).items()
         }
-        for o in (first, second, rescaled)
+        for o in (first, second, rescaled, shared)
     ]
     assert len(digests[0][0]) == 25
-    assert digests[0] == digests[1] == digests[2]
+    assert digests[0] == digests[1] == digests[2] == digests[3]
 
 
 def test_mix_shares_hold_over_2000_steps(small_data, write_recipe, tmp_path):

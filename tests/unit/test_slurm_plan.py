@@ -35,9 +35,9 @@ def test_submissions_for_the_reference_recipe():
     subs = submissions(msgspec.convert(REFERENCE, Recipe))
     assert [(s.role, s.name, s.task) for s in subs] == [
         ("planner", "planner", ("planner",)),
-        ("loader", "web/0", ("loader", "--source", "0", "--index", "0")),
-        ("loader", "web/1", ("loader", "--source", "0", "--index", "1")),
-        ("loader", "code/0", ("loader", "--source", "1", "--index", "0")),
+        ("loader", "web/0", ("loader", "--name", "web/0")),
+        ("loader", "web/1", ("loader", "--name", "web/1")),
+        ("loader", "code/0", ("loader", "--name", "code/0")),
         ("trainer", "trainer", ("trainer", "2")),
     ]
     common = {

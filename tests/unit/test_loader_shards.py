@@ -1,0 +1,113 @@
+"""Loader processes and shards: who reads what, how much each may hold, and compaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from msd.plan.partition import Shard, find_process, loader_processes
+from msd.plan.schedule import constant, peak_shares, schedule_of
+from msd.recipe.schema import Recipe
+from msd.roles.loader import _Visit, shard_budgets
+
+
+def recipe_with(loaders: list[int], per_process: int, **extra: Any) -> Recipe:
+    sources = [
+        {"name": f"s{i}", "path": "x/*.parquet", "text_column": "t", "weight": 1.0, "loaders": n}
+        for i, n in enumerate(loaders)
+    ]
+    doc = {
+        "seq_len": 64,
+        "global_batch_tokens": 1024,
+        "steps": 1,
+        "sources": sources,
+        "loader": {"sources_per_process": per_process, **extra.pop("loader", {})},
+        **extra,
+    }
+    return msgspec.convert(doc, Recipe)
+
+
+def test_one_process_per_shard_by_default() -> None:
+    processes = loader_processes(recipe_with([1, 2, 1], per_process=1))
+    assert [(p.name, p.shards) for p in processes] == [
+        ("s0/0", (Shard(0, 0),)),
+        ("s1/0", (Shard(1, 0),)),
+        ("s1/1", (Shard(1, 1),)),
+        ("s2/0", (Shard(2, 0),)),
+    ]
+
+
+def test_light_sources_share_processes_in_recipe_order() -> None:
+    recipe = recipe_with([1, 1, 1, 3, 1, 1, 1, 1], per_process=3)
+    processes = loader_processes(recipe)
+    assert [p.name for p in processes] == ["s0+2", "s3/0", "s3/1", "s3/2", "s4+2", "s7/0"]
+    assert processes[0].sources == (0, 1, 2)
+    assert processes[4].shards == (Shard(4, 0), Shard(5, 0), Shard(6, 0))
+    # every shard of every source is served exactly once
+    shards = [shard for p in processes for shard in p.shards]
+    assert sorted((s.source, s.index) for s in shards) == [
+        (s, i) for s, n in enumerate([1, 1, 1, 3, 1, 1, 1, 1]) for i in range(n)
+    ]
+    assert find_process(recipe, "s4+2") == processes[4]
+    with pytest.raises(KeyError, match=r"no loader process named 'nope'.*s0\+2"):
+        find_process(recipe, "nope")
+
+
+def test_peak_shares_look_at_every_milestone() -> None:
+    assert peak_shares(constant([1.0, 3.0])) == (0.25, 0.75)
+    mix = {
+        "interpolate": "linear",
+        "milestones": [{"step": 10, "weights": {"s1": 3.0}}, {"step": 20, "weights": {"s1": 0.0}}],
+    }
+    recipe = recipe_with([1, 1], per_process=1, mix=mix)
+    assert peak_shares(schedule_of(recipe)) == (1.0, 0.75)
+
+
+def test_budgets_follow_the_largest_share_and_hold_a_row() -> None:
+    recipe = recipe_with([1, 2, 1, 1], per_process=1, loader={"buffer_tokens": 4000})
+    # shares 1/4 each: 1000 tokens; the source with 2 shards splits its part
+    assert shard_budgets(recipe) == (1000, 500, 1000, 1000)
+    tiny = recipe_with([1] * 100, per_process=1, loader={"buffer_tokens": 1000})
+    assert set(shard_budgets(tiny)) == {64}  # never below one row (seq_len)
+
+
+def read_all(visit: _Visit, chunk: int) -> list[tuple[int, int, bytes]]:
+    """(gpos, block row, text) of every row of a visit, ``chunk`` rows at a time."""
+    out = []
+    while not visit.done:
+        end = min(visit.at + chunk, len(visit.rows))
+        texts = visit.column.take(pa.array(visit.index[visit.at : end])).to_pylist()
+        rows = visit.rows[visit.at : end].tolist()
+        start = visit.gpos_start + visit.at
+        out += [(start + k, r, t) for k, (r, t) in enumerate(zip(rows, texts, strict=True))]
+        visit.at = end
+        visit.compact()
+    return out
+
+
+def test_compaction_keeps_the_visit_and_drops_what_was_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(0)
+    texts = pa.array(["x" * int(n) + str(i) for i, n in enumerate(rng.integers(1, 400, 500))])
+    rows = rng.permutation(500)
+
+    def visit() -> _Visit:
+        return _Visit(1000, 0, rows, rows, texts, np.zeros(500, dtype=np.int64))
+
+    expected = [(1000 + k, int(r), texts[int(r)].as_py()) for k, r in enumerate(rows)]
+    monkeypatch.setattr("msd.roles.loader.COMPACT_BYTES", 1 << 40)  # never
+    assert read_all(visit(), 7) == expected
+    monkeypatch.setattr("msd.roles.loader.COMPACT_BYTES", 0)  # whenever half was read
+    v = visit()
+    sizes = []
+    while not v.done:
+        v.at += 1
+        v.compact()
+        sizes.append(v.column.nbytes)
+    assert sizes[-1] < texts.nbytes / 100  # what is left is what is left to read
+    assert read_all(visit(), 7) == expected
