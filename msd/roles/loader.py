@@ -8,11 +8,13 @@ tokens until the Planner routes them to a Constructor, then forgets them.
 Memory is bounded per source, not per rank: a shard reads ahead only while it holds fewer
 unrouted tokens than its share of ``buffer_tokens`` (the source's largest share of the mix),
 or up to a position the Planner waits for; and of a block's text it keeps only the rows not yet
-tokenized (``_Visit.compact``), so a light source holds a fraction of a row group, not all of it.
+tokenized (``_Visit``), so a light source holds about half a row group on average, not all of it.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,8 +40,8 @@ from msd.wire.protocol import DISCARD, Meta, Payload, Route, Stop, Want, Welcome
 # Text bytes tokenized per loop turn: small enough that Routes are answered within
 # milliseconds even with a slow tokenizer, large enough that per-message costs stay small.
 CHUNK_BYTES = 64 * 1024
-# A block's text is compacted once at least half of it is tokenized and it is this big.
-COMPACT_BYTES = 256 * 1024
+# A block's text is held in pieces of about this size, each dropped once tokenized.
+PIECE_BYTES = 256 * 1024
 # Open Parquet files a loader process keeps (an LRU shared by its shards).
 MAX_OPEN_FILES = 64
 
@@ -76,31 +78,51 @@ def shard_budgets(recipe: Recipe) -> tuple[int, ...]:
 class _Visit:
     """A block being tokenized chunk by chunk, in visiting order.
 
-    ``column`` holds the block's text still to be tokenized: entry ``index[k]`` of it is the
-    visit's k-th row, block row ``rows[k]``; ``at`` is the next k. Positions are global:
-    ``gpos_start + k``.
+    Its text is held as pieces of about ``PIECE_BYTES``, in visiting order; a piece is dropped
+    once tokenized, so a block costs about half its size on average over its visit, not all of
+    it (a light source's block stays open for many steps). Positions are global:
+    ``gpos_start + k`` for the k-th row of the visit, block row ``rows[k]``.
     """
 
     gpos_start: int
     first_row: int
     rows: np.ndarray
-    index: np.ndarray
-    column: pa.Array
     sizes: np.ndarray
+    pieces: list[pa.Array | None]
+    bounds: list[int]  # piece i holds visit rows bounds[i] .. bounds[i + 1]
     at: int = 0
+
+    @staticmethod
+    def of(gpos_start: int, first_row: int, rows: np.ndarray, column: pa.Array) -> _Visit:
+        """The visit of ``rows`` (block-local, in visiting order) of a block's ``column``."""
+        sizes = cell_sizes(column)[rows]
+        bounds = [0]
+        while bounds[-1] < len(rows):
+            bounds.append(chunk_end(sizes, bounds[-1], PIECE_BYTES))
+        pieces: list[pa.Array | None] = [
+            column.take(pa.array(rows[a:b])) for a, b in itertools.pairwise(bounds)
+        ]
+        return _Visit(gpos_start, first_row, rows, sizes, pieces, bounds)
 
     @property
     def done(self) -> bool:
         return self.at >= len(self.rows)
 
-    def compact(self) -> None:
-        """Drop the text already tokenized (a copy of the rest), once that is worth it."""
-        if 2 * self.at < len(self.rows) or self.column.nbytes < COMPACT_BYTES:
-            return
-        self.column = self.column.take(pa.array(self.index[self.at :]))
-        self.gpos_start += self.at
-        self.rows, self.sizes = self.rows[self.at :], self.sizes[self.at :]
-        self.index, self.at = np.arange(len(self.rows)), 0
+    def held_bytes(self) -> int:
+        return sum(piece.nbytes for piece in self.pieces if piece is not None)
+
+    def next_chunk(self, budget: int) -> tuple[int, np.ndarray, pa.Array]:
+        """The next rows, at most ``budget`` in size (at least one), within one piece: their
+        visit position, block rows and text."""
+        i = bisect.bisect_right(self.bounds, self.at) - 1
+        piece = self.pieces[i]
+        assert piece is not None
+        start, end = self.at, min(chunk_end(self.sizes, self.at, budget), self.bounds[i + 1])
+        text = piece.slice(start - self.bounds[i], end - start)
+        self.at = end
+        if end == self.bounds[i + 1]:
+            self.pieces[i] = None  # tokenized: let it go
+        return start, self.rows[start:end], text
 
 
 class SourceShard:
@@ -163,17 +185,12 @@ class SourceShard:
             if self.visit is None:
                 return None
         visit = self.visit
-        budget = (
-            CHUNK_BYTES if self.waited_for else min(CHUNK_BYTES, self.budget - self.held_tokens)
-        )
-        end = chunk_end(visit.sizes, visit.at, budget)
-        tokens = self.tokenize(visit.column.take(pa.array(visit.index[visit.at : end])))
-        gpos_start, rows = visit.gpos_start + visit.at, visit.first_row + visit.rows[visit.at : end]
-        visit.at = end
+        room = CHUNK_BYTES if self.waited_for else self.budget - self.held_tokens
+        start, rows, text = visit.next_chunk(min(CHUNK_BYTES, room))
+        tokens = self.tokenize(text)
+        gpos_start = visit.gpos_start + start
         if visit.done:
             self.visit = None
-        else:
-            visit.compact()
         for offset, t in enumerate(tokens):
             self.held[gpos_start + offset] = t
             self.held_tokens += len(t)
@@ -181,7 +198,7 @@ class SourceShard:
             source=self.source,
             gpos_start=gpos_start,
             lengths=tuple(len(t) for t in tokens),
-            sample_ids=tuple(int(r) for r in rows),
+            sample_ids=tuple(int(r) for r in visit.first_row + rows),
         )
 
     def take(self, gposes: Sequence[int]) -> list[np.ndarray]:
@@ -201,9 +218,8 @@ class SourceShard:
         groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
         column = pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
         rows = order.rows_of_visit(k) - block.first_row
-        sizes = cell_sizes(column)[rows]
         gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
-        return _Visit(gpos_start, block.first_row, rows, rows, column, sizes)
+        return _Visit.of(gpos_start, block.first_row, rows, column)
 
 
 class Loader:

@@ -75,39 +75,34 @@ def test_budgets_follow_the_largest_share_and_hold_a_row() -> None:
     assert set(shard_budgets(tiny)) == {64}  # never below one row (seq_len)
 
 
-def read_all(visit: _Visit, chunk: int) -> list[tuple[int, int, bytes]]:
-    """(gpos, block row, text) of every row of a visit, ``chunk`` rows at a time."""
+def read_all(visit: _Visit, budget: int) -> list[tuple[int, int, bytes]]:
+    """(visit position, block row, text) of every row of a visit, chunk by chunk."""
     out = []
     while not visit.done:
-        end = min(visit.at + chunk, len(visit.rows))
-        texts = visit.column.take(pa.array(visit.index[visit.at : end])).to_pylist()
-        rows = visit.rows[visit.at : end].tolist()
-        start = visit.gpos_start + visit.at
-        out += [(start + k, r, t) for k, (r, t) in enumerate(zip(rows, texts, strict=True))]
-        visit.at = end
-        visit.compact()
+        start, rows, text = visit.next_chunk(budget)
+        assert len(rows) == len(text) >= 1
+        pairs = zip(rows.tolist(), text.to_pylist(), strict=True)
+        out += [(start + k, r, t) for k, (r, t) in enumerate(pairs)]
     return out
 
 
-def test_compaction_keeps_the_visit_and_drops_what_was_read(
+def test_a_visit_reads_its_rows_in_order_and_lets_go_of_what_was_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rng = np.random.default_rng(0)
     texts = pa.array(["x" * int(n) + str(i) for i, n in enumerate(rng.integers(1, 400, 500))])
     rows = rng.permutation(500)
-
-    def visit() -> _Visit:
-        return _Visit(1000, 0, rows, rows, texts, np.zeros(500, dtype=np.int64))
-
-    expected = [(1000 + k, int(r), texts[int(r)].as_py()) for k, r in enumerate(rows)]
-    monkeypatch.setattr("msd.roles.loader.COMPACT_BYTES", 1 << 40)  # never
-    assert read_all(visit(), 7) == expected
-    monkeypatch.setattr("msd.roles.loader.COMPACT_BYTES", 0)  # whenever half was read
-    v = visit()
-    sizes = []
-    while not v.done:
-        v.at += 1
-        v.compact()
-        sizes.append(v.column.nbytes)
-    assert sizes[-1] < texts.nbytes / 100  # what is left is what is left to read
-    assert read_all(visit(), 7) == expected
+    expected = [(k, int(r), texts[int(r)].as_py()) for k, r in enumerate(rows)]
+    for budget in (1, 700, 10**9):
+        assert read_all(_Visit.of(0, 0, rows, texts), budget) == expected
+    monkeypatch.setattr("msd.roles.loader.PIECE_BYTES", 4096)
+    visit = _Visit.of(0, 0, rows, texts)
+    assert len(visit.pieces) > 20  # many pieces, each a separate buffer
+    held = [visit.held_bytes()]
+    while not visit.done:
+        visit.next_chunk(1000)
+        held.append(visit.held_bytes())
+    assert held == sorted(held, reverse=True) and held[-1] == 0
+    halfway = held[len(held) // 2]
+    assert 0.3 * held[0] < halfway < 0.7 * held[0]
+    assert read_all(_Visit.of(0, 0, rows, texts), 333) == expected
