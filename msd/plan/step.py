@@ -152,8 +152,13 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class NeedData:
+    """Planning waits for the length of sample ``gpos`` of ``source``. ``soon``: the other
+    unknown draws looked up with it, (source, gpos) pairs the step will most likely need too,
+    so the caller can ask for all of them at once."""
+
     source: int
     gpos: int
+    soon: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,9 @@ def _select(
         known = lengths.index(None) if None in lengths else len(lengths)
         offered = sel.offer(sources, gpos, lengths[:known], spec.carry_limit - len(sel.misfits))
         if offered == known < len(lengths) and not sel.closed:
-            return NeedData(int(sources[known]), int(gpos[known]))
+            unknown = [j for j in range(known, len(lengths)) if lengths[j] is None]
+            soon = tuple(zip(sources[unknown].tolist(), gpos[unknown].tolist(), strict=True))
+            return NeedData(int(sources[known]), int(gpos[known]), soon)
         draws.advance(offered)
         for s, n in enumerate(np.bincount(sources[:offered], minlength=len(cursors)).tolist()):
             cursors[s] += n

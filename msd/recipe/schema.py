@@ -98,7 +98,8 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 
     block_row_groups: row groups per shuffle block (a loader reads whole blocks).
     buffer_tokens: read-ahead of the whole data plane, shared out over the sources by their
-        largest share of the mix (at least ``seq_len`` tokens each); default two global batches.
+        largest share of the mix (at least ``seq_len`` tokens each); default
+        ``prefetch_steps + 4`` global batches (a few MB: tokens are small next to row groups).
     sources_per_process: how many sources with ``loaders: 1`` one loader process serves (in
         recipe order), so many light sources do not mean as many processes.
     """
@@ -205,7 +206,8 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
     @property
     def loader_buffer_tokens(self) -> int:
-        return self.loader.buffer_tokens or 2 * self.global_batch_tokens
+        default = (self.constructor.prefetch_steps + 4) * self.global_batch_tokens
+        return self.loader.buffer_tokens or default
 
 
 def stream_fingerprint(recipe: Recipe) -> str:

@@ -145,6 +145,7 @@ class SourceShard:
         self.want = -1
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
+        self.filling = True
 
     def _visits(self) -> Iterator[tuple[EpochOrder, int]]:
         """This shard's (epoch order, visit index) pairs, in stream order."""
@@ -176,6 +177,16 @@ class SourceShard:
         if self.next_gpos() is None:
             return float("inf")
         return self.held_tokens / self.budget
+
+    @property
+    def hungry(self) -> bool:
+        """Reading ahead: from below half the budget up to all of it (so a shard reads in
+        chunks, not a sample each time one is routed)."""
+        if self.held_tokens >= self.budget or self.next_gpos() is None:
+            self.filling = False
+        elif 2 * self.held_tokens < self.budget:
+            self.filling = True
+        return self.filling
 
     def read_next(self) -> Meta | None:
         """Tokenize the next chunk of the current block (opening the next block when needed);
@@ -257,7 +268,7 @@ class Loader:
         for shard in self.shards.values():
             if shard.waited_for:
                 return shard
-            if shard.fill < 1.0 and (best is None or shard.fill < best.fill):
+            if shard.hungry and (best is None or shard.fill < best.fill):
                 best = shard
         return best
 

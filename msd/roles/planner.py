@@ -104,6 +104,7 @@ class Planner:
         self.counts = {"split": 0, "truncated": 0, "dropped": 0}
         self.num_steps: int | None = None
         self.wanted: dict[int, int] = {}
+        self.blocked: tuple[int, int] | None = None  # the (source, gpos) planning waits for
         self.step_bytes: dict[int, int] = {}
         self.built: dict[int, int] = {}
         self.graph = SampleGraph(window=max(64, 4 * recipe.constructor.prefetch_steps))
@@ -224,10 +225,16 @@ class Planner:
         return None if entry is None else entry[0]
 
     def _plan_ahead(self) -> None:
+        if self.blocked is not None:  # planning would stop at the same sample again
+            source, gpos = self.blocked
+            if gpos not in self.known[source]:
+                return
+            self.blocked = None
         limit = self.consumed + self.recipe.constructor.prefetch_steps
         while self.num_steps is None and self.state.step < limit:
             result = plan_step(self.spec, self.state, self._lookup)
             if isinstance(result, NeedData):
+                self.blocked = (result.source, result.gpos)
                 self._want(result)
                 return
             if isinstance(result, EndOfStream):
@@ -239,15 +246,18 @@ class Planner:
             self._dispatch(plan)
 
     def _want(self, need: NeedData) -> None:
-        """Tell the source's loaders once which position planning waits for."""
-        if self.wanted.get(need.source, -1) >= need.gpos:
-            return
-        self.wanted[need.source] = need.gpos
-        for peer in self.loaders.values():
-            if need.source in peer.hello.sources:
-                transport.send(
-                    self.sock, Want(source=need.source, gpos=need.gpos), to=peer.identity
-                )
+        """Tell the loaders of every source planning waits for (or soon will) which position it
+        needs, once per position: all at once, not one round trip each."""
+        furthest: dict[int, int] = {}
+        for source, gpos in ((need.source, need.gpos), *need.soon):
+            furthest[source] = max(gpos, furthest.get(source, -1))
+        for source, gpos in furthest.items():
+            if self.wanted.get(source, -1) >= gpos:
+                continue
+            self.wanted[source] = gpos
+            for peer in self.loaders.values():
+                if source in peer.hello.sources:
+                    transport.send(self.sock, Want(source=source, gpos=gpos), to=peer.identity)
 
     def _dispatch(self, plan: StepPlan) -> None:
         """Each Constructor its DP ranks' rows; each loader where to send what it holds."""

@@ -166,4 +166,7 @@ def test_an_unknown_sample_is_asked_for_in_draw_order():
     def lookup(s, g):
         return None if (s, g) in missing else int(table[s][g % 300])
 
-    assert plan_step(sp, state, lookup) == NeedData(*first_missing)
+    need = plan_step(sp, state, lookup)
+    assert isinstance(need, NeedData) and (need.source, need.gpos) == first_missing
+    # the other unknown draws looked up with it come along, so they are asked for at once
+    assert need.soon[0] == first_missing and set(need.soon) <= missing and len(need.soon) > 1
