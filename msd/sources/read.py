@@ -16,6 +16,8 @@ import pyarrow.parquet as pq
 from msd.errors import SourceError
 from msd.sources.index import RowGroup
 
+READ_BUFFER_BYTES = 1 << 20
+
 
 class RowGroupReader:
     """Reads one column of one row group at a time; keeps at most ``max_open_files`` open."""
@@ -67,6 +69,8 @@ class RowGroupReader:
         while len(self._files) >= self.max_open_files:
             _, old = self._files.popitem(last=False)
             old.close()
-        pf = pq.ParquetFile(path)
+        # Unbuffered pre-reads would keep each open file's last column chunk (about a row
+        # group, compressed) alive; a buffered stream keeps nothing once the read is done.
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
         self._files[path] = pf
         return pf
