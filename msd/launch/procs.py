@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -23,11 +24,21 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+_LIST_CHARS = set("|&;()`\n")  # a pipeline or a list: more than one process
+_ASSIGNS = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*")
+
+
 def command_argv(command: str) -> list[str]:
-    """Exec simple commands directly (so the death signal reaches them); others via the shell."""
-    if any(c in _SHELL_CHARS for c in command):
+    """Exec simple commands directly (so the death signal reaches them); others via the shell,
+    which replaces itself with the command (``exec``) unless it is a pipeline or a list."""
+    if not any(c in _SHELL_CHARS for c in command):
+        return shlex.split(command)
+    if any(c in _LIST_CHARS for c in command):
         return ["/bin/sh", "-c", command]
-    return shlex.split(command)
+    assigns = _ASSIGNS.match(command.lstrip())
+    prefix = assigns.group(0) if assigns else ""  # NAME=value words stay in front of `exec`
+    rest = command.lstrip()[len(prefix) :]
+    return ["/bin/sh", "-c", f"{prefix}exec {rest}"]
 
 
 @dataclass

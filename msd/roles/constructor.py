@@ -106,8 +106,8 @@ class Constructor:
                 continue
             tokens = np.frombuffer(buffers[0], dtype=np.int32)  # a view: no copy
             bounds = np.cumsum((0, *msg.lengths))
-            for i, gpos in enumerate(msg.gpos):
-                self.payloads[(msg.source, gpos)] = tokens[bounds[i] : bounds[i + 1]]
+            for i, key in enumerate(zip(msg.source, msg.gpos, strict=True)):
+                self.payloads[key] = tokens[bounds[i] : bounds[i + 1]]
             if msg.step in self.missing:
                 self.missing[msg.step] -= len(msg.gpos)
                 self._maybe_build(msg.step)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,12 +212,8 @@ class SourceShard:
             sample_ids=tuple(int(r) for r in visit.first_row + rows),
         )
 
-    def take(self, gposes: Sequence[int]) -> list[np.ndarray]:
-        return [self.held[g] for g in gposes]
-
-    def forget(self, gposes: Sequence[int]) -> None:
-        for gpos in set(gposes):
-            self.held_tokens -= len(self.held.pop(gpos))
+    def forget(self, gpos: int) -> None:
+        self.held_tokens -= len(self.held.pop(gpos))
 
     def _open_visit(self) -> _Visit | None:
         """Read (not yet tokenize) the column of this shard's next block."""
@@ -292,18 +288,22 @@ class Loader:
 
     def _route(self, msg: Route) -> None:
         """One payload message per destination: the routed samples' tokens back to back."""
-        shard = self.shards[msg.source]
-        by_dest: dict[int, list[int]] = {}
-        for gpos, dest in zip(msg.gpos, msg.constructor, strict=True):
-            by_dest.setdefault(dest, []).append(gpos)
+        by_dest: dict[int, list[tuple[int, int]]] = {}
+        for key in zip(msg.source, msg.gpos, msg.constructor, strict=True):
+            by_dest.setdefault(key[2], []).append(key[:2])
         by_dest.pop(DISCARD, None)  # dropped by the plan: only forgotten
-        for dest, gposes in by_dest.items():
-            tokens = shard.take(gposes)
-            lengths = tuple(len(t) for t in tokens)
-            payload = Payload(step=msg.step, source=msg.source, gpos=tuple(gposes), lengths=lengths)
+        for dest, keys in by_dest.items():
+            tokens = [self.shards[source].held[gpos] for source, gpos in keys]
+            payload = Payload(
+                step=msg.step,
+                source=tuple(source for source, _ in keys),
+                gpos=tuple(gpos for _, gpos in keys),
+                lengths=tuple(len(t) for t in tokens),
+            )
             buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
             transport.send(self.constructors[dest], payload, [buffer])
-        shard.forget(msg.gpos)
+        for source, gpos in set(zip(msg.source, msg.gpos, strict=True)):
+            self.shards[source].forget(gpos)
 
 
 def main(job: JobDir, name: str) -> None:

@@ -262,7 +262,7 @@ class Planner:
     def _dispatch(self, plan: StepPlan) -> None:
         """Each Constructor its DP ranks' rows; each loader where to send what it holds."""
         per_constructor: dict[int, list[tuple[int, int, int, int, int, int, int, int]]] = {}
-        routes: dict[tuple[bytes, int], dict[int, set[int]]] = {}
+        routes: dict[bytes, dict[tuple[int, int], set[int]]] = {}
         counts = np.zeros(len(self.recipe.sources), dtype=np.int64)
         for dp, rank_rows in enumerate(plan.rows):
             dests = self.dp_constructors[dp]
@@ -281,22 +281,21 @@ class Planner:
                     )
                     for dest in dests:
                         per_constructor.setdefault(dest, []).append(entry)
-                    routes.setdefault((loader, slot.source), {}).setdefault(
-                        slot.gpos, set()
-                    ).update(dests)
+                    key = (slot.source, slot.gpos)
+                    routes.setdefault(loader, {}).setdefault(key, set()).update(dests)
                     counts[slot.source] += slot.offset == 0
         for source, gpos in plan.dropped:
             loader = self.known[source][gpos][2]
-            routes.setdefault((loader, source), {})[gpos] = {DISCARD}
-        for (loader, source), by_gpos in routes.items():
-            for gpos in by_gpos:
+            routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
+        for loader, by_key in routes.items():  # one Route per loader process
+            for source, gpos in by_key:
                 self.known[source].pop(gpos)
-            pairs = [(g, d) for g, ds in sorted(by_gpos.items()) for d in sorted(ds)]
+            entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
             route = Route(
                 step=plan.step,
-                source=source,
-                gpos=tuple(g for g, _ in pairs),
-                constructor=tuple(d for _, d in pairs),
+                source=tuple(e[0] for e in entries),
+                gpos=tuple(e[1] for e in entries),
+                constructor=tuple(e[2] for e in entries),
             )
             transport.send(self.sock, route, to=loader)
         for index, c in enumerate(self.constructors):
@@ -306,8 +305,8 @@ class Planner:
         self.graph.on_assigned(plan.step, keys, carried=self.state.carry)
         self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
         self.step_sources[plan.step] = counts
-        for key in self.counts:
-            self.counts[key] += getattr(plan.counts, key)
+        for kind in self.counts:
+            self.counts[kind] += getattr(plan.counts, kind)
 
     # -- status and shutdown ------------------------------------------------------------------
     def _broadcast(self, msg: Stop) -> None:

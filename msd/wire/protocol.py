@@ -17,7 +17,7 @@ import numpy as np
 
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -79,11 +79,12 @@ class Meta(_Msg, frozen=True, tag=int(Kind.META)):
 
 
 class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
-    """Planner → loader: send these samples of ``source`` to these constructors for ``step``
-    (a sample may go to several; ``DISCARD`` means forget it)."""
+    """Planner → loader: for ``step``, send sample ``gpos[i]`` of source ``source[i]`` to
+    constructor ``constructor[i]`` (a sample may appear once per constructor; ``DISCARD`` means
+    forget it). One per loader process and step, whatever the sources it serves."""
 
     step: int
-    source: int
+    source: tuple[int, ...]
     gpos: tuple[int, ...]
     constructor: tuple[int, ...]
 
@@ -97,13 +98,14 @@ class Want(_Msg, frozen=True, tag=int(Kind.WANT)):
 
 
 class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
-    """Loader → Constructor: the token ids of some samples of one source for one step.
+    """Loader → Constructor: the token ids of some samples for one step; sample i is position
+    ``gpos[i]`` of source ``source[i]``. One per loader process, step and constructor.
 
     One int32 buffer follows: the samples' tokens back to back, ``lengths`` long each.
     """
 
     step: int
-    source: int
+    source: tuple[int, ...]
     gpos: tuple[int, ...]
     lengths: tuple[int, ...]
 

@@ -11,17 +11,17 @@ def test_messages_round_trip():
 
 
 def test_buffers_travel_as_separate_frames():
-    frames = encode(Payload(step=3, source=1, gpos=(9,), lengths=(1,)), [b"\x01\x00\x00\x00"])
+    frames = encode(Payload(step=3, source=(1,), gpos=(9,), lengths=(1,)), [b"\x01\x00\x00\x00"])
     msg, buffers = decode(frames)
     assert (
-        msg == Payload(step=3, source=1, gpos=(9,), lengths=(1,))
+        msg == Payload(step=3, source=(1,), gpos=(9,), lengths=(1,))
         and bytes(buffers[0]) == b"\x01\x00\x00\x00"
     )
 
 
 def test_wrong_buffer_counts_and_sizes_are_refused():
     with pytest.raises(ProtocolError, match="expected 1"):
-        decode(encode(Payload(step=3, source=1, gpos=(9,), lengths=(1,))))
+        decode(encode(Payload(step=3, source=(1,), gpos=(9,), lengths=(1,))))
     batch = Batch(step=0, tensors=(TensorSpec("x", "int64", (2,)),))
     with pytest.raises(ProtocolError, match="expected 16"):
         decode(encode(batch, [b"\x00" * 8]))
