@@ -8,15 +8,14 @@ tokens until the Planner routes them to a Constructor, then forgets them.
 Memory is bounded per source, not per rank: a shard reads ahead only while it holds fewer
 unrouted tokens than its share of ``buffer_tokens`` (the source's largest share of the mix),
 or up to a position the Planner waits for; and of a block's text it keeps only the rows not yet
-tokenized (``_Visit``), so a light source holds about half a row group on average, not all of it.
+tokenized next (``_Visit``): a window of about 256 KiB, not a row group, per source.
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +39,8 @@ from msd.wire.protocol import DISCARD, Meta, Payload, Route, Stop, Want, Welcome
 # Text bytes tokenized per loop turn: small enough that Routes are answered within
 # milliseconds even with a slow tokenizer, large enough that per-message costs stay small.
 CHUNK_BYTES = 64 * 1024
-# A block's text is held in pieces of about this size, each dropped once tokenized.
-PIECE_BYTES = 256 * 1024
+# Of an open block, a loader holds a window of about this much text (in visiting order).
+WINDOW_BYTES = 256 * 1024
 # Open Parquet files a loader process keeps (an LRU shared by its shards).
 MAX_OPEN_FILES = 64
 
@@ -78,9 +77,11 @@ def shard_budgets(recipe: Recipe) -> tuple[int, ...]:
 class _Visit:
     """A block being tokenized chunk by chunk, in visiting order.
 
-    Its text is held as pieces of about ``PIECE_BYTES``, in visiting order; a piece is dropped
-    once tokenized, so a block costs about half its size on average over its visit, not all of
-    it (a light source's block stays open for many steps). Positions are global:
+    Of its text only one window is held: the next rows in visiting order, about
+    ``WINDOW_BYTES``. Once a window is tokenized the block is read again (``read``: from the
+    page cache, decoded, the next window taken, the rest let go). A light source keeps its block
+    open for thousands of steps; it costs a window, not a row group, and the block is decoded
+    ``size / WINDOW_BYTES`` times instead of once (a few ns per token). Positions are global:
     ``gpos_start + k`` for the k-th row of the visit, block row ``rows[k]``.
     """
 
@@ -88,41 +89,58 @@ class _Visit:
     first_row: int
     rows: np.ndarray
     sizes: np.ndarray
-    pieces: list[pa.Array | None]
-    bounds: list[int]  # piece i holds visit rows bounds[i] .. bounds[i + 1]
+    bounds: list[int]  # window w holds visit rows bounds[w] .. bounds[w + 1]
+    read: Callable[[], pa.Array]
+    window: pa.Array | None = None
+    current: int = -1  # the window held
     at: int = 0
+    reads: int = 0
 
     @staticmethod
-    def of(gpos_start: int, first_row: int, rows: np.ndarray, column: pa.Array) -> _Visit:
-        """The visit of ``rows`` (block-local, in visiting order) of a block's ``column``."""
+    def of(
+        gpos_start: int,
+        first_row: int,
+        rows: np.ndarray,
+        column: pa.Array,
+        read: Callable[[], pa.Array],
+    ) -> _Visit:
+        """The visit of ``rows`` (block-local, in visiting order) of a block's ``column``, as
+        just read by ``read``."""
         sizes = cell_sizes(column)[rows]
         bounds = [0]
         while bounds[-1] < len(rows):
-            bounds.append(chunk_end(sizes, bounds[-1], PIECE_BYTES))
-        pieces: list[pa.Array | None] = [
-            column.take(pa.array(rows[a:b])) for a, b in itertools.pairwise(bounds)
-        ]
-        return _Visit(gpos_start, first_row, rows, sizes, pieces, bounds)
+            bounds.append(chunk_end(sizes, bounds[-1], WINDOW_BYTES))
+        visit = _Visit(gpos_start, first_row, rows, sizes, bounds, read, reads=1)
+        visit._take(column, 0)
+        return visit
 
     @property
     def done(self) -> bool:
         return self.at >= len(self.rows)
 
     def held_bytes(self) -> int:
-        return sum(piece.nbytes for piece in self.pieces if piece is not None)
+        return 0 if self.window is None else self.window.nbytes
 
     def next_chunk(self, budget: int) -> tuple[int, np.ndarray, pa.Array]:
-        """The next rows, at most ``budget`` in size (at least one), within one piece: their
+        """The next rows, at most ``budget`` in size (at least one), within one window: their
         visit position, block rows and text."""
-        i = bisect.bisect_right(self.bounds, self.at) - 1
-        piece = self.pieces[i]
-        assert piece is not None
-        start, end = self.at, min(chunk_end(self.sizes, self.at, budget), self.bounds[i + 1])
-        text = piece.slice(start - self.bounds[i], end - start)
+        w = bisect.bisect_right(self.bounds, self.at) - 1
+        if w != self.current or self.window is None:
+            self.reads += 1
+            self._take(self.read(), w)
+        assert self.window is not None
+        start, end = self.at, min(chunk_end(self.sizes, self.at, budget), self.bounds[w + 1])
+        text = self.window.slice(start - self.bounds[w], end - start)
         self.at = end
-        if end == self.bounds[i + 1]:
-            self.pieces[i] = None  # tokenized: let it go
+        if end == self.bounds[w + 1]:
+            self.window = None  # tokenized: let it go
         return start, self.rows[start:end], text
+
+    def _take(self, column: pa.Array, w: int) -> None:
+        self.window = column.take(pa.array(self.rows[self.bounds[w] : self.bounds[w + 1]]))
+        self.current = w
+        del column
+        pa.default_memory_pool().release_unused()  # the block as read: about 1 ms to return
 
 
 class SourceShard:
@@ -223,13 +241,13 @@ class SourceShard:
         self.upcoming = next(self.visits, None)
         block = self.blocks[int(order.block_perm[k])]
         groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
-        column = pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
+
+        def read() -> pa.Array:
+            return pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
+
         rows = order.rows_of_visit(k) - block.first_row
         gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
-        visit = _Visit.of(gpos_start, block.first_row, rows, column)
-        del column
-        pa.default_memory_pool().release_unused()  # the block as read: about 1 ms to return
-        return visit
+        return _Visit.of(gpos_start, block.first_row, rows, read(), read)
 
 
 class Loader:
