@@ -1,14 +1,17 @@
 """The trainer-side reader: ``for batch in msd.Client(): ...``.
 
 A Client holds nothing but its step. It asks the Data Constructor on its node for the batch of
-that step, turns the received buffers into tensors and reports, with the next request, how long
-the trainer waited. It is also a ``torch.utils.data.IterableDataset`` (batches are already
+that step and reports, with the next request, how long the trainer waited. A background thread
+owns the socket: it asks for the next step as soon as a batch is handed out, and receives it and
+turns it into tensors while the trainer computes. It is also a ``torch.utils.data.IterableDataset`` (batches are already
 formed), so ``DataLoader(client, batch_size=None)`` works too.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -71,8 +74,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         self.fingerprint = stream_fingerprint(recipe)
         self.timeout_s = timeout_s
         self.step = 0
-        self._sock: zmq.Socket[Any] | None = None
-        self._inflight: int | None = None
+        self._fetcher: _Fetcher | None = None
         self._wait_s = 0.0
 
     # -- Stateful -----------------------------------------------------------------------------
@@ -88,17 +90,6 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         self.step = int(state["step"])
 
     # -- iteration ----------------------------------------------------------------------------
-    def _socket(self) -> zmq.Socket[Any]:
-        if self._sock is None:
-            endpoint = self.job.wait_endpoint(constructor_endpoint_name(node_name()))
-            self._sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
-        return self._sock
-
-    def _request(self, step: int, consumed: int) -> None:
-        get = Get(rank=self.rank, step=step, consumed=consumed, wait_s=self._wait_s)
-        transport.send(self._socket(), get)
-        self._inflight = step
-
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while (batch := self.next_batch()) is not None:
             yield batch
@@ -107,38 +98,39 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         """The batch of the current step, or None once the stream has ended.
 
         Calling it means the previous batch is consumed. The request for the following step
-        goes out before this returns, so its batch arrives while the trainer computes.
+        goes out before this returns, and a background thread receives its batch and turns it
+        into tensors while the trainer computes: a trainer that asks late finds it ready.
         """
-        if self._inflight != self.step:
-            self._request(self.step, consumed=self.step)
+        fetcher = self._fetcher_for_this_process()
+        if fetcher.asked != self.step:
+            fetcher.ask(self._get(self.step, consumed=self.step))
         started = time.perf_counter()
-        msg, buffers = self._receive()
+        result = fetcher.take(self.timeout_s)
         self._wait_s = time.perf_counter() - started
-        if isinstance(msg, Ended):
-            self._request(msg.num_steps, consumed=self.step)  # report the last step consumed
-            self._inflight = None
+        if isinstance(result, Ended):
+            # report the last step consumed, and let it reach the Constructor before returning
+            fetcher.ask(self._get(result.num_steps, consumed=self.step), expect_reply=False)
+            fetcher.finish()
+            self._fetcher = None
             return None
-        if isinstance(msg, Refused):
-            raise LaunchError(msg.reason)
-        if not isinstance(msg, Batch) or msg.step != self.step:
+        if isinstance(result, BaseException):
+            self.close()
+            raise result
+        step, tensors = result
+        if step != self.step:
+            self.close()
             raise ProtocolError(f"rank {self.rank} expected the batch of step {self.step}")
-        self._request(self.step + 1, consumed=self.step)
         self.step += 1
-        return {
-            spec.name: torch.from_numpy(
-                np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape).copy()
-            )
-            for spec, buf in zip(msg.tensors, buffers, strict=True)
-        }
+        fetcher.ask(self._get(self.step, consumed=self.step - 1))
+        return tensors
 
-    def _receive(self) -> tuple[Any, list[memoryview]]:
-        sock = self._socket()
-        if not sock.poll(int(self.timeout_s * 1000)):
-            raise LaunchError(
-                f"no batch for rank {self.rank} step {self.step} in {self.timeout_s:.0f} s"
-            )
-        _, msg, buffers = transport.recv(sock)
-        return msg, buffers
+    def _get(self, step: int, consumed: int) -> Get:
+        return Get(rank=self.rank, step=step, consumed=consumed, wait_s=self._wait_s)
+
+    def _fetcher_for_this_process(self) -> _Fetcher:
+        if self._fetcher is None or self._fetcher.pid != os.getpid():  # none yet, or forked
+            self._fetcher = _Fetcher(self.job, self.rank)
+        return self._fetcher
 
     @property
     def last_wait_s(self) -> float:
@@ -146,7 +138,87 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         return self._wait_s
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        self._inflight = None
+        """Stop fetching (a batch in flight is dropped); iterating again starts afresh."""
+        if self._fetcher is not None:
+            if self._fetcher.pid == os.getpid():
+                self._fetcher.stop()
+            self._fetcher = None
+
+
+_Result = tuple[int, dict[str, torch.Tensor]] | Ended | BaseException
+
+
+class _Fetcher:
+    """The Client's socket and the thread that owns it: sends each ``Get``, receives the reply
+    and turns a batch into tensors, one request at a time (ZeroMQ sockets stay in one thread)."""
+
+    POLL_MS = 100  # how often a waiting thread checks whether it should stop
+
+    def __init__(self, job: JobDir, rank: int) -> None:
+        self.job, self.rank, self.pid = job, rank, os.getpid()
+        self.asked: int | None = None  # the step of the request in flight
+        self.requests: queue.Queue[tuple[Get, bool] | None] = queue.Queue()
+        self.results: queue.Queue[_Result] = queue.Queue()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"msd-client-{rank}", daemon=True)
+        self.thread.start()
+
+    def ask(self, get: Get, expect_reply: bool = True) -> None:
+        self.asked = get.step if expect_reply else None
+        self.requests.put((get, expect_reply))
+
+    def take(self, timeout_s: float) -> _Result:
+        try:
+            result = self.results.get(timeout=timeout_s)
+        except queue.Empty:
+            step = self.asked
+            return LaunchError(f"no batch for rank {self.rank} step {step} in {timeout_s:.0f} s")
+        self.asked = None
+        return result
+
+    def stop(self) -> None:
+        """Stop now: a request in flight is dropped."""
+        self.stopping.set()
+        self.requests.put(None)
+        self.thread.join(timeout=5)
+
+    def finish(self) -> None:
+        """Stop once every request asked is sent (the socket lingers until they are out)."""
+        self.requests.put(None)
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        sock: zmq.Socket[Any] | None = None
+        try:
+            while (request := self.requests.get()) is not None:
+                get, expect_reply = request
+                if sock is None:
+                    endpoint = self.job.wait_endpoint(constructor_endpoint_name(node_name()))
+                    sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
+                transport.send(sock, get)
+                if expect_reply:
+                    self.results.put(self._receive(sock))
+        except Exception as exc:  # reaches the trainer on its next call
+            self.results.put(exc)
+        finally:
+            if sock is not None:
+                sock.close(linger=0 if self.stopping.is_set() else 1000)
+
+    def _receive(self, sock: zmq.Socket[Any]) -> _Result:
+        while not sock.poll(self.POLL_MS):
+            if self.stopping.is_set():
+                return LaunchError("the client was closed")
+        _, msg, buffers = transport.recv(sock)
+        if isinstance(msg, Ended):
+            return msg
+        if isinstance(msg, Refused):
+            return LaunchError(msg.reason)
+        if not isinstance(msg, Batch):
+            return ProtocolError(f"rank {self.rank} got a {type(msg).__name__}, not a batch")
+        tensors = {
+            spec.name: torch.from_numpy(
+                np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape).copy()
+            )
+            for spec, buf in zip(msg.tensors, buffers, strict=True)
+        }
+        return msg.step, tensors
