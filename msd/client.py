@@ -3,8 +3,9 @@
 A Client holds nothing but its step. It asks the Data Constructor on its node for the batch of
 that step and reports, with the next request, how long the trainer waited. A background thread
 owns the socket: it asks for the next step as soon as a batch is handed out, and receives it and
-turns it into tensors while the trainer computes. It is also a ``torch.utils.data.IterableDataset`` (batches are already
-formed), so ``DataLoader(client, batch_size=None)`` works too.
+turns it into tensors while the trainer computes. It is also a
+``torch.utils.data.IterableDataset`` (batches are already formed), so
+``DataLoader(client, batch_size=None)`` works too.
 """
 
 from __future__ import annotations
