@@ -122,7 +122,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             self.close()
             raise ProtocolError(f"rank {self.rank} expected the batch of step {self.step}")
         self.step += 1
-        fetcher.ask(self._get(self.step, consumed=self.step - 1))
+        fetcher.ask(self._get(self.step, consumed=self.step - 1), ahead=True)
         return tensors
 
     def _get(self, step: int, consumed: int) -> Get:
@@ -149,6 +149,9 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 _Result = tuple[int, dict[str, torch.Tensor]] | Ended | BaseException
 
 
+AHEAD_DELAY_S = 0.002
+
+
 class _Fetcher:
     """The Client's socket and the thread that owns it: sends each ``Get``, receives the reply
     and turns a batch into tensors, one request at a time (ZeroMQ sockets stay in one thread)."""
@@ -158,15 +161,16 @@ class _Fetcher:
     def __init__(self, job: JobDir, rank: int) -> None:
         self.job, self.rank, self.pid = job, rank, os.getpid()
         self.asked: int | None = None  # the step of the request in flight
-        self.requests: queue.Queue[tuple[Get, bool] | None] = queue.Queue()
+        self.requests: queue.Queue[tuple[Get, bool, bool] | None] = queue.Queue()
         self.results: queue.Queue[_Result] = queue.Queue()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"msd-client-{rank}", daemon=True)
         self.thread.start()
 
-    def ask(self, get: Get, expect_reply: bool = True) -> None:
+    def ask(self, get: Get, expect_reply: bool = True, ahead: bool = False) -> None:
+        """Send ``get`` (from the thread); ``ahead``: the trainer is not waiting for it yet."""
         self.asked = get.step if expect_reply else None
-        self.requests.put((get, expect_reply))
+        self.requests.put((get, expect_reply, ahead))
 
     def take(self, timeout_s: float) -> _Result:
         try:
@@ -192,7 +196,11 @@ class _Fetcher:
         sock: zmq.Socket[Any] | None = None
         try:
             while (request := self.requests.get()) is not None:
-                get, expect_reply = request
+                get, expect_reply, ahead = request
+                if ahead:
+                    # Let the trainer's thread get back to work first: the reply is often
+                    # already built, and turning it into tensors holds the interpreter lock.
+                    time.sleep(AHEAD_DELAY_S)
                 if sock is None:
                     endpoint = self.job.wait_endpoint(constructor_endpoint_name(node_name()))
                     sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
