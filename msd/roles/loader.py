@@ -191,9 +191,7 @@ class SourceShard:
 
     @property
     def fill(self) -> float:
-        """How full the read-ahead is (at least 1: read only if waited for; inf: done)."""
-        if self.next_gpos() is None:
-            return float("inf")
+        """How full the read-ahead is (the emptiest hungry shard reads first)."""
         return self.held_tokens / self.budget
 
     @property
