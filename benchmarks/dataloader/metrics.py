@@ -69,7 +69,12 @@ def throughput(table: list[list[Record]], warmup: int) -> dict[str, float]:
 def waits(table: list[list[Record]], warmup: int) -> dict[str, float]:
     warm = [r for step in table[warmup:] for r in step]
     wait = np.array([r["wait_ms"] for r in warm])
+    # The part of each wait the rank's thread spent runnable without a CPU: the machine's
+    # queueing (many ranks and data processes on few cores), not the data path.
+    queued = np.array([r.get("run_delay_ms", np.nan) for r in warm])
     return {
+        "wait_p99_less_cpu_queue_ms": float(np.percentile(wait - queued, 99)),
+        "cpu_queue_p99_ms": float(np.percentile(queued, 99)),
         "wait_p50_ms": float(np.percentile(wait, 50)),
         "wait_p99_ms": float(np.percentile(wait, 99)),
         "wait_max_ms": float(wait.max()),

@@ -106,6 +106,7 @@ COLUMNS = (
     "M tokens/s base / msd",
     "wait p50 ms base / msd",
     "wait p99 ms base / msd",
+    "wait p99 less CPU queueing ms base / msd",
     "CPU s / 1M tok base / msd",
     "rank fetch CPU s / 1M tok base / msd",
     "start-up s base / msd",
@@ -121,7 +122,9 @@ LEGEND = (
     "costliest sequence), a bound no split of the step beats: the speed-up balancing allows. "
     "msd speed-up / allowed: the first over the second (≥ 0.95: balance gains arrive in full "
     "and the data plane adds no stall). msd cost: the same two ratios on msd's batches. Wait:"
-    " time a rank blocked getting its batch, all ranks' warm steps. CPU: the data processes' "
+    " time a rank blocked getting its batch, all ranks' warm steps; less CPU queueing: each "
+    "wait minus the time the rank's thread was runnable but had no CPU (/proc schedstat; "
+    "points measured before this column show –). CPU: the data processes' "
     "CPU seconds per 1M tokens delivered, in the warm window; rank fetch CPU: what the trainer "
     "ranks themselves spent getting batches (receiving, rebuilding tensors). Start-up: launch "
     "to the end of the first step. W applies to the baseline only; `W (file_system)`: the "
@@ -176,6 +179,7 @@ def table_row(entry: Entry) -> str:
         pair("tokens_per_s", 1e6),
         pair("wait_p50_ms"),
         pair("wait_p99_ms"),
+        pair("wait_p99_less_cpu_queue_ms"),
         pair("cpu_s_per_mtok"),
         f"{_fmt(rank_fetch_cpu(b, p['R']))} / {_fmt(rank_fetch_cpu(m, p['R']))}",
         pair("startup_s", digits=0),

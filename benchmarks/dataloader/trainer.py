@@ -42,15 +42,23 @@ def write_idle(log_dir: Path, rank: int) -> None:
     (log_dir / f"rank-{rank}.idle.json").write_text(json.dumps(record))
 
 
+def run_delay_s() -> float:
+    """Time this thread has spent runnable but waiting for a CPU (``/proc`` schedstat)."""
+    with open("/proc/thread-self/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
 def train(
     batches: Batches, steps: int | None, model: CostModel, seconds_per_cost: float, log: TextIO
 ) -> None:
     """Fetch, sleep for the batch's cost, barrier; one JSON line per step."""
     step = 0
     while steps is None or step < steps:
+        delay_started = run_delay_s()
         started, cpu_started = time.perf_counter(), time.process_time()
         batch = next(batches, None)
         got, fetch_cpu = time.perf_counter(), time.process_time() - cpu_started
+        run_delay = run_delay_s() - delay_started
         if batch is None:
             return
         lengths = sequence_lengths(batch["cu_seqlens"].numpy())
@@ -59,6 +67,7 @@ def train(
             "step": step,
             "wait_ms": (got - started) * 1000,
             "fetch_cpu_ms": fetch_cpu * 1000,
+            "run_delay_ms": run_delay * 1000,
             "cost": cost,
             "max_sequence_cost": max(model.cost([n]) for n in lengths.tolist()),
             "tokens": real_tokens(batch),
