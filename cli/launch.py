@@ -11,6 +11,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from msd.control.history import load_history
 from msd.errors import LaunchError
 from msd.launch.check import check_sources
 from msd.launch.local import INTERRUPTED, LocalJob, summary
@@ -80,9 +81,16 @@ def launch(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the SLURM jobs that would be submitted.")
     ] = False,
+    mix_history: Annotated[
+        Path | None,
+        typer.Option(help="Replay the mix changes of a job (its JOB/mix-history.json)."),
+    ] = None,
 ) -> None:
     """Start a job: Planner, Source Loaders, Data Constructors and trainer ranks."""
     parsed = load_recipe(recipe)
+    if mix_history is not None and not mix_history.is_file():
+        raise LaunchError(f"--mix-history {mix_history} is not a file")
+    changes = load_history(mix_history, parsed) if mix_history is not None else ()
     chosen = cluster or parsed.cluster
     if chosen not in ("local", "slurm"):
         raise LaunchError(f"--cluster must be local or slurm, got {chosen!r}")
@@ -91,9 +99,9 @@ def launch(
         _print_submissions(parsed, json_out)
         return
     job: LocalJob | SlurmJob = (
-        SlurmJob(parsed, recipe.read_text(), run_dir)
+        SlurmJob(parsed, recipe.read_text(), run_dir, changes)
         if chosen == "slurm"
-        else LocalJob(parsed, recipe.read_text(), run_dir)
+        else LocalJob(parsed, recipe.read_text(), run_dir, changes)
     )
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
     if not json_out:

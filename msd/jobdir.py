@@ -3,6 +3,9 @@
     JOB/recipe.yaml            the recipe as the user wrote it
     JOB/recipe.json            the validated recipe with absolute paths (what roles read)
     JOB/job.json               name, fingerprint, launcher pid, state
+    JOB/job.key                the job's CURVE keys (0600): who may talk to its Planner
+    JOB/mix-history.json       every mix change made while the job ran (``msd mix``)
+    JOB/metrics.jsonl          the job's figures, one line a second (``msd report``)
     JOB/endpoints/NAME         the address a role serves (written atomically once bound)
     JOB/logs/ROLE-NAME.log     each role's output
     JOB/trainer/rank-R.jsonl   what the demo trainer received, step by step
@@ -21,6 +24,7 @@ from typing import Any
 
 from msd.errors import LaunchError
 from msd.recipe.schema import Recipe, from_json
+from msd.wire.keys import KEY_FILE, JobKeys, load_keys
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -44,6 +48,21 @@ class JobDir:
     @property
     def job_json(self) -> Path:
         return self.root / "job.json"
+
+    @property
+    def key_file(self) -> Path:
+        return self.root / KEY_FILE
+
+    @property
+    def mix_history(self) -> Path:
+        return self.root / "mix-history.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    def keys(self) -> JobKeys:
+        return load_keys(self.key_file)
 
     @property
     def logs(self) -> Path:

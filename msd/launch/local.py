@@ -23,12 +23,16 @@ from typing import Any
 
 import zmq
 
+from msd.control.client import planner_socket
+from msd.control.history import write_history
 from msd.errors import MsdError
 from msd.jobdir import JobDir
 from msd.launch import procs
 from msd.plan.partition import loader_processes
+from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.wire import transport
+from msd.wire.keys import create_keys
 from msd.wire.protocol import Status, StatusRequest, Stop
 
 POLL_S = 0.1
@@ -74,12 +78,18 @@ def new_job_dir(recipe: Recipe, run_root: Path) -> JobDir:
     return JobDir(path)
 
 
-def prepare_job(recipe: Recipe, recipe_text: str, run_root: Path) -> JobDir:
-    """A new job folder holding the recipe as written and as validated (what roles read)."""
+def prepare_job(
+    recipe: Recipe, recipe_text: str, run_root: Path, mix_history: tuple[MixChange, ...] = ()
+) -> JobDir:
+    """A new job folder holding the recipe as written and as validated (what roles read), the
+    job's key and the mix history to replay (``msd launch --mix-history``)."""
     job = new_job_dir(recipe, run_root.resolve())
     job.create()
+    create_keys(job.key_file)
     (job.root / "recipe.yaml").write_text(recipe_text)
     job.recipe_json.write_bytes(to_json(recipe))
+    if mix_history:
+        write_history(job.mix_history, recipe, mix_history)
     return job
 
 
@@ -105,9 +115,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class LocalJob:
-    def __init__(self, recipe: Recipe, recipe_text: str, run_root: Path) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        recipe_text: str,
+        run_root: Path,
+        mix_history: tuple[MixChange, ...] = (),
+    ) -> None:
         self.recipe = recipe
-        self.job = prepare_job(recipe, recipe_text, run_root)
+        self.job = prepare_job(recipe, recipe_text, run_root, mix_history)
         self.children: list[procs.Child] = []
         self.trainers: list[procs.Child] = []
         self.env = {**os.environ, "MSD_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
@@ -187,8 +203,7 @@ class LocalJob:
         sock: zmq.Socket[Any] | None = None
         status: Status | None = None
         try:
-            endpoint = self.job.wait_endpoint("planner")
-            sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
+            sock = planner_socket(self.job)
             status, failed = self._watch_loop(sock, on_status)
             if failed is None:
                 status = final_status(sock) or status

@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq
 
+from msd.control.client import planner_socket
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
 from msd.launch.local import (
@@ -32,6 +33,7 @@ from msd.launch.local import (
 from msd.launch.procs import tail
 from msd.launch.slurm_plan import Submission, submissions
 from msd.launch.slurm_task import run_role, run_trainer_task
+from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, Trainer
 from msd.wire import transport
 from msd.wire.protocol import Status, StatusRequest, Stop
@@ -83,9 +85,15 @@ def cancel_jobs(ids: list[str], timeout_s: float = 30.0) -> None:
 
 
 class SlurmJob:
-    def __init__(self, recipe: Recipe, recipe_text: str, run_root: Path) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        recipe_text: str,
+        run_root: Path,
+        mix_history: tuple[MixChange, ...] = (),
+    ) -> None:
         self.recipe = recipe
-        self.job = prepare_job(recipe, recipe_text, run_root)
+        self.job = prepare_job(recipe, recipe_text, run_root, mix_history)
         self.plan = submissions(recipe)
         self.submitted: list[tuple[Submission, Any]] = []
 
@@ -146,8 +154,7 @@ class SlurmJob:
         failure: str | None = None
         try:
             self._wait_planner()
-            endpoint = self.job.wait_endpoint("planner", timeout_s=5)
-            sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
+            sock = planner_socket(self.job, timeout_s=5)
             status, failure = self._watch_loop(sock, on_status)
             if failure is None:
                 status = final_status(sock) or status

@@ -2,7 +2,9 @@
 
 Each source starts at its recipe ``weight``; milestones set new weights from (``step``
 interpolation) or reached at (``linear`` interpolation) their step. Sources a milestone does not
-name keep their course. A pure function of (recipe, step): part of the stream's definition.
+name keep their course. Changes made while a job runs (``msd mix``, recorded in the job's mix
+history) then hold the sources they name at a weight from their step on. A pure function of
+(recipe, mix history, step): part of the stream's definition.
 """
 
 from __future__ import annotations
@@ -17,14 +19,38 @@ Points = tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
+class MixChange:
+    """From ``step`` on, source ``s`` has weight ``w`` for each (s, w) of ``weights``, whatever
+    the recipe's milestones say after it."""
+
+    step: int
+    weights: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """``points[s]``: (step, weight) milestones of source s, sorted, starting at step 0."""
+    """``points[s]``: (step, weight) milestones of source s, sorted, starting at step 0;
+    ``changes``: the job's mix history, in the order it was made."""
 
     points: tuple[Points, ...]
     linear: bool
+    changes: tuple[MixChange, ...] = ()
 
     def weights_at(self, step: int) -> tuple[float, ...]:
-        return tuple(_weight_at(p, step, self.linear) for p in self.points)
+        weights = [_weight_at(p, step, self.linear) for p in self.points]
+        for change in self.changes:
+            if change.step <= step:
+                for source, weight in change.weights:
+                    weights[source] = weight
+        return tuple(weights)
+
+    def with_change(self, change: MixChange) -> Schedule:
+        return Schedule(self.points, self.linear, (*self.changes, change))
+
+    def breakpoints(self) -> list[int]:
+        """Every step where a weight starts or stops changing course."""
+        steps = {step for points in self.points for step, _ in points}
+        return sorted(steps | {c.step for c in self.changes})
 
     def window_mean(self, start: int, stop: int) -> tuple[float, ...]:
         """Mean normalised share of each source over steps [start, stop)."""
@@ -45,13 +71,14 @@ def _weight_at(points: Points, step: int, linear: bool) -> float:
     return w0 + (w1 - w0) * (step - s0) / (s1 - s0)
 
 
-def schedule_of(recipe: Recipe) -> Schedule:
+def schedule_of(recipe: Recipe, changes: Sequence[MixChange] = ()) -> Schedule:
     names = [s.name for s in recipe.sources]
     points: list[list[tuple[int, float]]] = [[(0, s.weight)] for s in recipe.sources]
     for milestone in sorted(recipe.mix.milestones, key=lambda m: m.step):
         for name, weight in milestone.weights.items():
             _set(points[names.index(name)], milestone.step, weight)
-    return Schedule(tuple(tuple(p) for p in points), recipe.mix.interpolate == "linear")
+    linear = recipe.mix.interpolate == "linear"
+    return Schedule(tuple(tuple(p) for p in points), linear, tuple(changes))
 
 
 def _set(points: list[tuple[int, float]], step: int, weight: float) -> None:
@@ -68,10 +95,10 @@ def constant(weights: Sequence[float]) -> Schedule:
 def peak_shares(schedule: Schedule) -> tuple[float, ...]:
     """Each source's largest normalised share over the whole schedule.
 
-    Between milestones a share is a ratio of linear functions, so it is largest at a milestone:
-    looking at every milestone step is enough.
+    Between breakpoints a share is a ratio of linear functions, so it is largest at one:
+    looking at every breakpoint (and the step before each) is enough.
     """
-    steps = sorted({step for points in schedule.points for step, _ in points})
+    steps = sorted({s for b in schedule.breakpoints() for s in (max(0, b - 1), b)})
     peaks = [0.0] * len(schedule.points)
     for step in steps:
         weights = schedule.weights_at(step)

@@ -163,9 +163,16 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     fix = "serve at least 1 source per loader process"
     problems += _at_least("loader.sources_per_process", per_process, 1, fix)
     prefetch = recipe.constructor.prefetch_steps
-    return problems + _at_least(
-        "constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step"
-    )
+    problems += _at_least("constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step")
+    port = recipe.metrics.port
+    if port is not None and not 0 <= port <= 65535:
+        fix = "use a port from 1 to 65535, 0 for any free port, or null for none"
+        problems.append(Problem("metrics.port", f"is {port}; {fix}"))
+    every = recipe.metrics.every_s
+    if not (math.isfinite(every) and every > 0):
+        fix = "write a line every few seconds, e.g. 5"
+        problems.append(Problem("metrics.every_s", f"must be a number > 0, got {every}; {fix}"))
+    return problems
 
 
 def _check_trainer(recipe: Recipe) -> list[Problem]:

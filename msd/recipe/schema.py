@@ -115,6 +115,16 @@ class ConstructorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     prefetch_steps: int = 4
 
 
+class MetricsOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """port: where the Planner serves Prometheus metrics (0: any free port, published in
+        ``JOB/endpoints/metrics``; null: no endpoint).
+    every_s: how often a line is added to ``JOB/metrics.jsonl`` (what ``msd report`` plots).
+    """
+
+    port: int | None = 0
+    every_s: float = 5.0
+
+
 class DemoTrainer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The built-in trainer: "computes" ``step_ms`` scaled by its batch's attention cost.
 
@@ -186,6 +196,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     balance: Balance = Balance()
     loader: LoaderOptions = LoaderOptions()
     constructor: ConstructorOptions = ConstructorOptions()
+    metrics: MetricsOptions = MetricsOptions()
     trainer: Trainer | None = None
     cluster: Literal["local", "slurm"] = "local"
     slurm: Slurm = Slurm()

@@ -7,12 +7,14 @@ import ctypes
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
+from msd.control.client import planner_socket
 from msd.jobdir import JobDir
 from msd.wire import transport
 from msd.wire.protocol import PROTOCOL_VERSION, Failure, Hello
@@ -44,8 +46,22 @@ def stop_on_signals() -> None:
 
 
 def connect_planner(job: JobDir, name: str) -> zmq.Socket[Any]:
-    endpoint = job.wait_endpoint("planner")
-    return transport.connect(transport.context(), zmq.DEALER, endpoint, identity=name)
+    return planner_socket(job, identity=name)
+
+
+_SMAPS = "/proc/self/smaps_rollup"
+STATS_EVERY_S = 1.0  # how often loaders and Constructors send the Planner their Stats
+
+
+def process_usage() -> tuple[float, int]:
+    """CPU seconds this process has used, and its proportional set size in bytes (0 where
+    ``/proc/self/smaps_rollup`` is not available)."""
+    cpu = time.process_time()
+    with contextlib.suppress(OSError, ValueError, IndexError), open(_SMAPS) as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return cpu, int(line.split()[1]) * 1024
+    return cpu, 0
 
 
 def hello(role: str, name: str, **fields: Any) -> Hello:

@@ -10,13 +10,17 @@ data-wait) back to the Planner, which is what lets the Planner plan ahead withou
 
 from __future__ import annotations
 
+import os
+import time
+from collections import deque
+
 import numpy as np
 import zmq
 
 from msd.jobdir import JobDir
 from msd.pack import Piece, pack_rows
 from msd.recipe.schema import Recipe
-from msd.roles.common import connect_planner, hello
+from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.planner import topology_of
 from msd.shard import cp_slice
 from msd.wire import transport
@@ -28,10 +32,14 @@ from msd.wire.protocol import (
     Payload,
     Plan,
     Progress,
+    RankLoad,
     Refused,
+    Stats,
     Stop,
     TensorSpec,
 )
+
+RANK_WAITS = 100  # a rank's data-wait percentiles in its Stats are over this many steps
 
 Arrays = dict[str, np.ndarray]
 
@@ -66,6 +74,7 @@ class Constructor:
         self.built: set[int] = set()
         self.built_upto = 0
         self.waits: list[float] = []
+        self.rank_waits: dict[int, deque[float]] = {r: deque(maxlen=RANK_WAITS) for r in ranks}
         self.num_steps: int | None = None
         job.publish(constructor_endpoint_name(node), client_endpoint)
 
@@ -77,7 +86,11 @@ class Constructor:
         poller = zmq.Poller()
         for sock in (self.planner, self.payloads_in, self.clients):
             poller.register(sock, zmq.POLLIN)
+        next_stats = 0.0
         while True:
+            if time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + STATS_EVERY_S
+                transport.send(self.planner, self._stats())
             events = dict(poller.poll(100))
             if self.payloads_in in events:
                 self._drain_payloads()
@@ -167,6 +180,7 @@ class Constructor:
         if msg.consumed > self.consumed[msg.rank]:
             self.consumed[msg.rank] = msg.consumed
             self.waits.append(msg.wait_s)
+            self.rank_waits[msg.rank].append(msg.wait_s)
             self._free(msg.rank)
         self.parked[(msg.rank, msg.step)] = identity
         self._answer_parked()
@@ -197,6 +211,26 @@ class Constructor:
         specs = tuple(TensorSpec(n, str(arrays[n].dtype), arrays[n].shape) for n in names)
         transport.send(
             self.clients, Batch(step=step, tensors=specs), [arrays[n] for n in names], to=identity
+        )
+
+    def _stats(self) -> Stats:
+        cpu_s, pss = process_usage()
+        ranks = []
+        for rank, waits in self.rank_waits.items():
+            ms = np.array(waits) * 1000 if waits else np.zeros(1)
+            p50, p99 = np.percentile(ms, [50, 99])
+            ahead = max(0, self.built_upto - self.consumed[rank])
+            ranks.append(RankLoad(rank, self.consumed[rank], ahead, float(p50), float(p99)))
+        ready = sum(a.nbytes for arrays in self.ready.values() for a in arrays.values())
+        return Stats(
+            "constructor",
+            self.node,
+            self.node,
+            os.getpid(),
+            cpu_s,
+            pss,
+            ranks=tuple(ranks),
+            ready_bytes=ready,
         )
 
     def _report_progress(self) -> None:

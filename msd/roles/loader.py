@@ -14,6 +14,8 @@ tokenized next (``_Visit``): a window of about 256 KiB, not a row group, per sou
 from __future__ import annotations
 
 import bisect
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,12 +31,22 @@ from msd.plan.order import EpochOrder, make_blocks
 from msd.plan.partition import LoaderProcess, Shard, find_process
 from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
-from msd.roles.common import connect_planner, hello
+from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.sources.index import SourceIndex, open_source, source_key
 from msd.sources.read import RowGroupReader
 from msd.sources.transforms import make_transform
 from msd.wire import transport
-from msd.wire.protocol import DISCARD, Meta, Payload, Route, Stop, Want, Welcome
+from msd.wire.protocol import (
+    DISCARD,
+    Meta,
+    Payload,
+    Route,
+    SourceLoad,
+    Stats,
+    Stop,
+    Want,
+    Welcome,
+)
 
 # Text bytes tokenized per loop turn: small enough that Routes are answered within
 # milliseconds even with a slow tokenizer, large enough that per-message costs stay small.
@@ -164,6 +176,8 @@ class SourceShard:
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
         self.filling = True
+        self.samples_read = 0
+        self.tokens_read = 0
 
     def _visits(self) -> Iterator[tuple[EpochOrder, int]]:
         """This shard's (epoch order, visit index) pairs, in stream order."""
@@ -221,11 +235,18 @@ class SourceShard:
         for offset, t in enumerate(tokens):
             self.held[gpos_start + offset] = t
             self.held_tokens += len(t)
+            self.tokens_read += len(t)
+        self.samples_read += len(tokens)
         return Meta(
             source=self.source,
             gpos_start=gpos_start,
             lengths=tuple(len(t) for t in tokens),
             sample_ids=tuple(int(r) for r in visit.first_row + rows),
+        )
+
+    def load(self) -> SourceLoad:
+        return SourceLoad(
+            self.source, self.samples_read, self.tokens_read, len(self.held), self.held_tokens
         )
 
     def forget(self, gpos: int) -> None:
@@ -267,7 +288,11 @@ class Loader:
         transport.send(self.planner, hello("loader", self.name, sources=sources))
         poller = zmq.Poller()
         poller.register(self.planner, zmq.POLLIN)
+        next_stats = 0.0
         while True:
+            if time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + STATS_EVERY_S
+                transport.send(self.planner, self._stats())
             shard = self._next_shard()
             for _ in dict(poller.poll(0 if shard else 100)):
                 if not self._handle(*transport.recv(self.planner)[1:]):
@@ -276,6 +301,12 @@ class Loader:
                 meta = shard.read_next()
                 if meta is not None:
                     transport.send(self.planner, meta)
+
+    def _stats(self) -> Stats:
+        cpu_s, pss = process_usage()
+        loads = tuple(shard.load() for shard in self.shards.values())
+        host = socket.gethostname()
+        return Stats("loader", self.name, host, os.getpid(), cpu_s, pss, sources=loads)
 
     def _next_shard(self) -> SourceShard | None:
         """A shard the Planner waits for first, else the one with the emptiest read-ahead."""

@@ -7,20 +7,23 @@ send which payload, and stays at most ``prefetch_steps`` ahead of the slowest tr
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
 import zmq
 
-from msd.errors import ProtocolError
+from msd.control.history import load_history, make_change, write_history
+from msd.control.metrics import Histogram, MetricsServer
+from msd.control.view import JobObserver, metrics_line
+from msd.errors import MsdError, ProtocolError
 from msd.jobdir import JobDir
 from msd.plan.cost import CostModel
 from msd.plan.lifecycle import SampleGraph
 from msd.plan.partition import loader_processes
-from msd.plan.schedule import schedule_of
+from msd.plan.schedule import MixChange, schedule_of
 from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
 from msd.plan.topology import Topology
 from msd.recipe.schema import Recipe
@@ -34,22 +37,31 @@ from msd.wire.protocol import (
     Failure,
     Hello,
     Meta,
+    MixSet,
     Plan,
     Progress,
+    Refused,
     Route,
+    SetMix,
+    Stats,
     Status,
     StatusRequest,
+    StatusView,
     Stop,
     Want,
     Welcome,
 )
 
+TICK_S = 1.0  # how often the Planner refreshes its view (status, metrics)
 
-def stream_spec(recipe: Recipe, num_rows: tuple[int, ...]) -> StreamSpec:
+
+def stream_spec(
+    recipe: Recipe, num_rows: tuple[int, ...], changes: tuple[MixChange, ...] = ()
+) -> StreamSpec:
     cp = recipe.distribute.cp
     return StreamSpec(
         seed=recipe.seed,
-        schedule=schedule_of(recipe),
+        schedule=schedule_of(recipe, changes),
         num_rows=num_rows,
         repeat=tuple(s.repeat for s in recipe.sources),
         dp=recipe.distribute.dp,
@@ -82,9 +94,13 @@ class Planner:
         num_rows = tuple(
             open_source(s, f"sources[{i}]").num_rows for i, s in enumerate(recipe.sources)
         )
-        self.spec = stream_spec(recipe, num_rows)
+        self.changes = load_history(job.mix_history, recipe)
+        self.spec = stream_spec(recipe, num_rows, self.changes)
         self.state = PlannerState.initial(len(recipe.sources))
-        self.sock, endpoint = transport.bind(transport.context(), zmq.ROUTER)
+        keys = job.keys()
+        ctx = transport.context()
+        self.auth = transport.admit_only(ctx, keys)  # only holders of the job's key get in
+        self.sock, endpoint = transport.bind(ctx, zmq.ROUTER, keys)
         self.expected_loaders = len(loader_processes(recipe))
         self.loaders: dict[str, Peer] = {}
         self.constructors: list[Peer] = []
@@ -99,8 +115,18 @@ class Planner:
         self.step_sources: dict[int, np.ndarray] = {}
         self.tokens_consumed = 0
         self.source_samples = np.zeros(len(recipe.sources), dtype=np.int64)
+        self.source_tokens = np.zeros(len(recipe.sources), dtype=np.int64)
+        self.step_source_tokens: dict[int, np.ndarray] = {}
         self.counted = 0
-        self.waits: deque[float] = deque(maxlen=2000)
+        self.observer = JobObserver(tuple(s.name for s in recipe.sources))
+        self.next_tick = 0.0
+        self.next_line = 0.0
+        self.wait_hist, self.plan_hist = Histogram(), Histogram()
+        self.metrics: MetricsServer | None = None
+        if recipe.metrics.port is not None:
+            host, advertised = transport.bind_host()
+            self.metrics = MetricsServer(host, recipe.metrics.port, advertised)
+            job.publish("metrics", self.metrics.endpoint)
         self.counts = {"split": 0, "truncated": 0, "dropped": 0}
         self.num_steps: int | None = None
         self.wanted: dict[int, int] = {}
@@ -122,6 +148,8 @@ class Planner:
                 return
             if self.running:
                 self._plan_ahead()
+            if time.monotonic() >= self.next_tick:
+                self._tick()
 
     def _drain(self) -> bool:
         """Handle every queued message; False once the job is told to stop."""
@@ -141,8 +169,12 @@ class Planner:
             self._on_progress(identity, msg)
         elif isinstance(msg, Hello):
             self._on_hello(identity, msg)
+        elif isinstance(msg, Stats):
+            self.observer.on_stats(identity.hex(), msg, time.monotonic())
         elif isinstance(msg, StatusRequest):
             transport.send(self.sock, self.status(), to=identity)
+        elif isinstance(msg, SetMix):
+            transport.send(self.sock, self._on_set_mix(msg), to=identity)
         elif isinstance(msg, Failure):
             self.failure = f"{msg.role} {msg.name}: {msg.error}"
             print(f"failure reported by {msg.role} {msg.name}:\n{msg.traceback}", flush=True)
@@ -156,6 +188,7 @@ class Planner:
                 f"{msg.role} {msg.name} speaks protocol {msg.version}, "
                 f"the planner {PROTOCOL_VERSION}"
             )
+        self.observer.on_hello(identity.hex(), msg)
         if msg.role == "loader":
             self.loaders[msg.name] = Peer(identity, msg)
         elif msg.role == "constructor":
@@ -204,7 +237,8 @@ class Planner:
         self.step_bytes[index] = max(self.step_bytes.get(index, 0), msg.step_bytes)
         self.built[index] = max(self.built.get(index, 0), msg.built)
         self.graph.on_delivered(min(self.built.values()))
-        self.waits.extend(msg.waits_s)
+        self.observer.on_waits(msg.waits_s)
+        self.wait_hist.observe_many(msg.waits_s)
         self._count_consumed()
 
     @property
@@ -217,6 +251,7 @@ class Planner:
         while self.counted < self.consumed and self.counted in self.step_tokens:
             self.tokens_consumed += self.step_tokens.pop(self.counted)
             self.source_samples += self.step_sources.pop(self.counted)
+            self.source_tokens += self.step_source_tokens.pop(self.counted)
             self.counted += 1
 
     # -- planning -----------------------------------------------------------------------------
@@ -232,6 +267,7 @@ class Planner:
             self.blocked = None
         limit = self.consumed + self.recipe.constructor.prefetch_steps
         while self.num_steps is None and self.state.step < limit:
+            started = time.perf_counter()
             result = plan_step(self.spec, self.state, self._lookup)
             if isinstance(result, NeedData):
                 self.blocked = (result.source, result.gpos)
@@ -244,6 +280,9 @@ class Planner:
                 return
             plan, self.state = result
             self._dispatch(plan)
+            seconds = time.perf_counter() - started
+            self.observer.on_plan(seconds, self._rank_costs(plan))
+            self.plan_hist.observe(seconds)
 
     def _want(self, need: NeedData) -> None:
         """Tell the loaders of every source planning waits for (or soon will) which position it
@@ -264,6 +303,7 @@ class Planner:
         per_constructor: dict[int, list[tuple[int, int, int, int, int, int, int, int]]] = {}
         routes: dict[bytes, dict[tuple[int, int], set[int]]] = {}
         counts = np.zeros(len(self.recipe.sources), dtype=np.int64)
+        tokens = np.zeros(len(self.recipe.sources), dtype=np.int64)
         for dp, rank_rows in enumerate(plan.rows):
             dests = self.dp_constructors[dp]
             for row, slots in enumerate(rank_rows):
@@ -284,6 +324,7 @@ class Planner:
                     key = (slot.source, slot.gpos)
                     routes.setdefault(loader, {}).setdefault(key, set()).update(dests)
                     counts[slot.source] += slot.offset == 0
+                    tokens[slot.source] += slot.length
         for source, gpos in plan.dropped:
             loader = self.known[source][gpos][2]
             routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
@@ -305,6 +346,7 @@ class Planner:
         self.graph.on_assigned(plan.step, keys, carried=self.state.carry)
         self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
         self.step_sources[plan.step] = counts
+        self.step_source_tokens[plan.step] = tokens
         for kind in self.counts:
             self.counts[kind] += getattr(plan.counts, kind)
 
@@ -313,10 +355,83 @@ class Planner:
         for peer in [*self.loaders.values(), *self.constructors]:
             transport.send(self.sock, msg, to=peer.identity)
 
-    def status(self) -> Status:
-        waits = np.array(self.waits) * 1000 if self.waits else np.zeros(1)
+    def _rank_costs(self, plan: StepPlan) -> np.ndarray:
+        """Each DP rank's cost in this step (what balance is judged by)."""
+        pieces = plan.pieces
+        running = np.concatenate(([0.0], np.cumsum(self.spec.cost(pieces.columns[2]))))
+        row_costs = running[pieces.bounds[1:]] - running[pieces.bounds[:-1]]
+        return np.asarray(row_costs.reshape(-1, plan.rows_per_rank).sum(axis=1))
+
+    # -- control ------------------------------------------------------------------------------
+    def _on_set_mix(self, msg: SetMix) -> MixSet | Refused:
+        """Record a mix change in the job's history, then plan with it from its step on."""
+        first_free = self.state.step  # steps before it are planned (and may be delivered)
+        at = first_free if msg.at_step < 0 else msg.at_step
+        if at < first_free:
+            return Refused(
+                reason=f"step {at} is already planned (steps 0-{first_free - 1}); "
+                f"choose --at-step {first_free} or later"
+            )
+        if self.num_steps is not None and at >= self.num_steps:
+            return Refused(reason=f"the stream ends after step {self.num_steps - 1}")
+        try:
+            change = make_change(self.recipe, msg.weights, at)
+            schedule = self.spec.schedule.with_change(change)
+            if sum(schedule.weights_at(at)) <= 0:
+                return Refused(reason=f"every source would have weight 0 from step {at}")
+            write_history(self.job.mix_history, self.recipe, (*self.changes, change))
+        except (MsdError, OSError) as exc:
+            return Refused(reason=str(exc))
+        self.changes = (*self.changes, change)
+        self.spec = stream_spec(self.recipe, self.spec.num_rows, self.changes)
+        print(f"planner: mix {dict(msg.weights)} from step {at}", flush=True)
+        return MixSet(at_step=at, weights=dict(msg.weights))
+
+    def _tick(self) -> None:
+        """Refresh the view: rates, the metrics endpoint, a line of ``metrics.jsonl``."""
+        now = time.monotonic()
+        self.next_tick = now + TICK_S
+        view = self.view()
+        if self.metrics is not None:
+            self.metrics.update(view, self.wait_hist.snapshot(), self.plan_hist.snapshot())
+        if now >= self.next_line and self.running:
+            self.next_line = now + self.recipe.metrics.every_s
+            line = metrics_line(view, time.time())
+            with open(self.job.metrics, "a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        self.auth.stop()
+
+    def _state_name(self) -> str:
         done = self.num_steps is not None and self.consumed >= self.num_steps
-        state = "done" if done else "running" if self.running else "starting"
+        return "done" if done else "running" if self.running else "starting"
+
+    def view(self) -> StatusView:
+        """The job as ``msd status`` shows it, as of now."""
+        now = time.monotonic()
+        self.observer.on_tick(
+            now, self.consumed, self.tokens_consumed, self.source_samples, self.source_tokens
+        )
+        step = min(self.consumed, self.num_steps or self.consumed)
+        return self.observer.view(
+            state=self._state_name(),
+            planned=self.state.step,
+            steps=self.num_steps if self.num_steps is not None else self.recipe.steps,
+            uptime_s=time.monotonic() - self.started,
+            failure=self.failure,
+            weights=self.spec.schedule.weights_at(step),
+            lifecycle=self.graph.counts(reported=sum(len(k) for k in self.known.values())),
+            counts=self.counts,
+            planner_pid=os.getpid(),
+            now=now,
+        )
+
+    def status(self) -> Status:
+        view = self.view()
+        state = view.job.state
         roles = tuple(
             (p.hello.role, p.hello.name, p.hello.pid)
             for p in [*self.constructors, *self.loaders.values()]
@@ -330,17 +445,22 @@ class Planner:
             tokens_consumed=self.tokens_consumed,
             source_names=tuple(s.name for s in self.recipe.sources),
             source_samples=tuple(int(x) for x in self.source_samples),
-            wait_p50_ms=float(np.percentile(waits, 50)),
-            wait_p99_ms=float(np.percentile(waits, 99)),
+            wait_p50_ms=view.wait_p50_ms,
+            wait_p99_ms=view.wait_p99_ms,
             truncated=self.counts["truncated"],
             split=self.counts["split"],
             dropped=self.counts["dropped"],
             constructor_step_bytes=sum(self.step_bytes.values()),
-            lifecycle=self.graph.counts(reported=sum(len(k) for k in self.known.values())),
+            lifecycle=view.planner.lifecycle,
             roles=(("planner", "planner", os.getpid()), *roles),
             failure=self.failure,
+            view=view,
         )
 
 
 def main(job: JobDir) -> None:
-    Planner(job, job.recipe()).run()
+    planner = Planner(job, job.recipe())
+    try:
+        planner.run()
+    finally:
+        planner.close()

@@ -66,6 +66,7 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> 
                 "cost": cost,
             }
             log.write(json.dumps(record) + "\n")
+            log.flush()  # a line per step, as it happens: `tail -f` and tests read it live
             if save:
                 saved.mkdir(exist_ok=True)
                 arrays: dict[str, Any] = {k: v.numpy() for k, v in batch.items()}

@@ -17,7 +17,7 @@ import numpy as np
 
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -39,6 +39,9 @@ class Kind(enum.IntEnum):
     FAILURE = 15
     REFUSED = 16
     WANT = 17
+    STATS = 18
+    SET_MIX = 19
+    MIX_SET = 20
 
 
 class _Msg(msgspec.Struct, frozen=True, array_like=True, tag_field="kind"):
@@ -202,6 +205,144 @@ class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
     dropped: int = 0
     constructor_step_bytes: int = 0
     lifecycle: dict[str, int] = {}
+    view: StatusView | None = None
+
+
+class SourceLoad(msgspec.Struct, frozen=True, array_like=True):
+    """What one loader process did for one source since it started."""
+
+    source: int
+    samples_read: int
+    tokens_read: int
+    held_samples: int
+    held_tokens: int
+    errors: int = 0
+
+
+class RankLoad(msgspec.Struct, frozen=True, array_like=True):
+    """One trainer rank as its Constructor sees it: steps consumed, batches built ahead of it,
+    and its data-wait over the recent steps."""
+
+    rank: int
+    consumed: int
+    ahead: int
+    wait_p50_ms: float
+    wait_p99_ms: float
+
+
+class Stats(_Msg, frozen=True, tag=int(Kind.STATS)):
+    """Loader or Constructor → Planner, about once a second: how the process is doing.
+
+    ``cpu_s``: CPU seconds the process has used; ``pss_bytes``: its proportional set size.
+    """
+
+    role: str
+    name: str
+    node: str
+    pid: int
+    cpu_s: float
+    pss_bytes: int
+    sources: tuple[SourceLoad, ...] = ()
+    ranks: tuple[RankLoad, ...] = ()
+    ready_bytes: int = 0
+
+
+class SetMix(_Msg, frozen=True, tag=int(Kind.SET_MIX)):
+    """Control → Planner: from step ``at_step`` on (-1: the first step not yet planned), the
+    named sources take these weights; the others keep their course."""
+
+    weights: dict[str, float]
+    at_step: int = -1
+
+
+class MixSet(_Msg, frozen=True, tag=int(Kind.MIX_SET)):
+    """Planner → control: the change is recorded in the job's mix history and applies from
+    ``at_step``."""
+
+    at_step: int
+    weights: dict[str, float]
+
+
+# -- what `msd status` shows (field names are the `--json` keys; docs/status.md) ----------------
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    state: str
+    step: int
+    planned: int
+    steps: int | None
+    steps_per_s: float
+    tokens_per_s: float
+    tokens: int
+    uptime_s: float
+    failure: str
+
+
+class SourceView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    weight: float
+    samples_per_s: float
+    tokens_per_s: float
+    samples: int
+    tokens: int
+    loaders: int
+    queue_samples: int
+    queue_tokens: int
+    errors: int
+
+
+class LoaderView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    node: str
+    pid: int
+    state: str
+    cpu_percent: float
+    cpu_seconds: float
+    pss_bytes: int
+    samples_per_s: float
+    sources: int
+
+
+class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    node: str
+    pid: int
+    state: str
+    cpu_percent: float
+    cpu_seconds: float
+    pss_bytes: int
+    ready_bytes: int
+
+
+class RankView(msgspec.Struct, frozen=True, kw_only=True):
+    rank: int
+    constructor: str
+    step: int
+    ahead: int
+    wait_p50_ms: float
+    wait_p99_ms: float
+
+
+class PlannerView(msgspec.Struct, frozen=True, kw_only=True):
+    pid: int
+    plan_ms_p50: float
+    plan_ms_p99: float
+    balance_max_over_mean: float
+    planned_ahead: int
+    lifecycle: dict[str, int]
+    split: int
+    truncated: int
+    dropped: int
+
+
+class StatusView(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    job: JobView
+    sources: tuple[SourceView, ...]
+    loaders: tuple[LoaderView, ...]
+    constructors: tuple[ConstructorView, ...]
+    ranks: tuple[RankView, ...]
+    planner: PlannerView
+    wait_p50_ms: float
+    wait_p99_ms: float
 
 
 class Stop(_Msg, frozen=True, tag=int(Kind.STOP)):
@@ -235,6 +376,9 @@ Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged st
     Status,
     Stop,
     Failure,
+    Stats,
+    SetMix,
+    MixSet,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

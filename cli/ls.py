@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from msd.control.runs import DEAD, UNREADABLE, RunInfo, human_age, list_runs
+
+from .common import console, user_errors
+
+_STYLES = {"running": "green", "done": "blue", "failed": "red", DEAD: "red", UNREADABLE: "yellow"}
+
+
+@user_errors
+def ls(
+    run_dir: Annotated[
+        Path, typer.Option("--runs", "--run-dir", help="The run folder (msd launch --run-dir).")
+    ] = Path("runs"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the jobs as JSON.")] = False,
+) -> None:
+    """List the jobs of a run folder, newest first: state, age and last step."""
+    runs = list_runs(run_dir, now=time.time())
+    if json_out:
+        print(json.dumps([r.as_json() for r in runs], indent=2))
+    elif not runs:
+        console.print(f"no jobs in {run_dir}", highlight=False)
+    else:
+        console.print(_table(runs))
+
+
+def _table(runs: list[RunInfo]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for column in ("name", "cluster", "state", "age", "step"):
+        table.add_column(column, justify="right" if column in ("age", "step") else "left")
+    for r in runs:
+        step = "-" if r.step is None else f"{r.step:,}"
+        state = Text(r.state, style=_STYLES.get(r.state, ""))
+        table.add_row(Text(r.name), Text(r.cluster), state, human_age(r.age_s), step)
+    return table

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from msd.control.status import fetch_view, resolve_job, status_json
+from msd.jobdir import JobDir
+
+from .common import console, user_errors
+
+RANKS_SHOWN = 8  # the ranks with the highest p99 data-wait; --json has them all
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def _table(title: str, columns: list[str]) -> Table:
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    return table
+
+
+def render(data: dict[str, Any]) -> Group:
+    """One screen answering "is data keeping up, and if not, why"."""
+    job, planner = data["job"], data["planner"]
+    steps = f"/{job['steps']}" if job["steps"] is not None else ""
+    header = Text.assemble(
+        (f"{data['name']} ", "bold"),
+        (f"[{job['state']}] ", "bold green" if job["state"] == "running" else "bold"),
+        (f"step {job['step']}{steps}  ·  {job['steps_per_s']:.2f} steps/s  ·  ", ""),
+        (f"{job['tokens_per_s']:,.0f} tokens/s  ·  up {job['uptime_s']:.0f} s  ·  ", ""),
+        (f"data-wait p50 {data['wait_p50_ms']:.2f} ms p99 {data['wait_p99_ms']:.2f} ms", "bold"),
+    )
+    parts: list[Any] = [header]
+    if job["failure"]:
+        parts.append(Text(f"failure: {job['failure']}", style="bold red"))
+    sources = _table(
+        "sources",
+        ["source", "weight", "samples/s", "tokens/s", "loaders", "queue", "queue tok", "errors"],
+    )
+    for s in data["sources"]:
+        sources.add_row(
+            s["name"],
+            f"{s['weight']:.3f}",
+            f"{s['samples_per_s']:,.1f}",
+            f"{s['tokens_per_s']:,.0f}",
+            str(s["loaders"]),
+            f"{s['queue_samples']:,}",
+            f"{s['queue_tokens']:,}",
+            str(s["errors"]),
+        )
+    loaders = _table("loaders", ["loader", "node", "pid", "state", "CPU %", "PSS", "samples/s"])
+    for lo in data["loaders"]:
+        loaders.add_row(
+            lo["name"],
+            lo["node"],
+            str(lo["pid"]),
+            lo["state"],
+            f"{lo['cpu_percent']:.0f}",
+            _mib(lo["pss_bytes"]),
+            f"{lo['samples_per_s']:,.1f}",
+        )
+    ranks = _table(
+        "ranks (highest p99 first)", ["rank", "constructor", "step", "ahead", "p50 ms", "p99 ms"]
+    )
+    for r in sorted(data["ranks"], key=lambda r: -r["wait_p99_ms"])[:RANKS_SHOWN]:
+        ranks.add_row(
+            str(r["rank"]),
+            r["constructor"],
+            str(r["step"]),
+            str(r["ahead"]),
+            f"{r['wait_p50_ms']:.2f}",
+            f"{r['wait_p99_ms']:.2f}",
+        )
+    constructors = _table(
+        "constructors", ["constructor", "node", "pid", "state", "CPU %", "PSS", "ready"]
+    )
+    for c in data["constructors"]:
+        constructors.add_row(
+            c["name"],
+            c["node"],
+            str(c["pid"]),
+            c["state"],
+            f"{c['cpu_percent']:.0f}",
+            _mib(c["pss_bytes"]),
+            _mib(c["ready_bytes"]),
+        )
+    lifecycle = ", ".join(f"{k} {v:,}" for k, v in sorted(planner["lifecycle"].items()))
+    plan = Text(
+        f"planner pid {planner['pid']}: plan p50 {planner['plan_ms_p50']:.1f} ms "
+        f"p99 {planner['plan_ms_p99']:.1f} ms · balance max/mean "
+        f"{planner['balance_max_over_mean']:.3f} · {planner['planned_ahead']} steps ahead · "
+        f"samples: {lifecycle or '-'}"
+    )
+    parts += [sources, loaders, constructors, ranks, plan]
+    if data["slurm"]:
+        slurm = _table("SLURM jobs", ["role", "job", "state"])
+        for j in data["slurm"]:
+            slurm.add_row(j["role"], j["job_id"], j["state"])
+        parts.append(slurm)
+    return Group(*parts)
+
+
+def _snapshot(folder: JobDir) -> dict[str, Any]:
+    return status_json(folder, fetch_view(folder))
+
+
+@user_errors
+def status(
+    job: Annotated[
+        Path | None, typer.Argument(help="The job folder (default: the newest in --runs).")
+    ] = None,
+    runs: Annotated[Path, typer.Option(help="The run folder.")] = Path("runs"),
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh in place until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the status as JSON (docs/status.md).")
+    ] = False,
+) -> None:
+    """Is data keeping up, and if not, why: job, sources, loaders, Constructors, ranks."""
+    folder = resolve_job(job, runs)
+    if json_out and not watch:
+        print(json.dumps(_snapshot(folder), indent=2))
+        return
+    if not watch:
+        console.print(render(_snapshot(folder)))
+        return
+    try:
+        with Live(console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                data = _snapshot(folder)
+                if json_out:
+                    print(json.dumps(data), flush=True)
+                else:
+                    live.update(render(data), refresh=True)
+                if data["job"]["state"] == "done":
+                    return
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return

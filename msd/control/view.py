@@ -1,0 +1,270 @@
+"""What the Planner makes of what it observes: the ``StatusView`` behind ``msd status``, the
+Prometheus endpoint and ``JOB/metrics.jsonl``.
+
+The Planner feeds a ``JobObserver`` events it already has (a step planned, waits reported,
+a role's ``Stats``, a tick with the consumed totals) and asks it for a view once a second.
+Rates are over the last ``WINDOW_S`` seconds; wait and plan-time percentiles over the last
+steps. Nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from msd.wire.protocol import (
+    ConstructorView,
+    Hello,
+    JobView,
+    LoaderView,
+    PlannerView,
+    RankView,
+    SourceView,
+    Stats,
+    StatusView,
+)
+
+VIEW_VERSION = 1
+WINDOW_S = 10.0
+SILENT_AFTER_S = 5.0  # a role that sent no Stats for this long is shown "silent"
+
+
+@dataclass
+class _Role:
+    hello: Hello
+    last: Stats | None = None
+    last_at: float = 0.0
+    cpu_percent: float = 0.0
+    samples_per_s: float = 0.0
+    retiring: bool = False
+
+
+@dataclass
+class _Totals:
+    at: float
+    consumed: int
+    tokens: int
+    samples: np.ndarray
+    source_tokens: np.ndarray
+
+
+def _pct(values: deque[float] | list[float], q: float) -> float:
+    return float(np.percentile(np.fromiter(values, float), q)) if values else 0.0
+
+
+@dataclass
+class JobObserver:
+    source_names: tuple[str, ...]
+    roles: dict[str, _Role] = field(default_factory=dict)
+    plan_s: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    balance: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    waits_s: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    totals: deque[_Totals] = field(default_factory=deque)
+
+    # -- events -------------------------------------------------------------------------------
+    def on_hello(self, key: str, hello: Hello) -> None:
+        self.roles[key] = _Role(hello)
+
+    def on_stats(self, key: str, msg: Stats, now: float) -> None:
+        role = self.roles.get(key)
+        if role is None:
+            return
+        if role.last is not None and now > role.last_at:
+            dt = now - role.last_at
+            role.cpu_percent = 100 * max(0.0, msg.cpu_s - role.last.cpu_s) / dt
+            read = sum(s.samples_read for s in msg.sources)
+            before = sum(s.samples_read for s in role.last.sources)
+            role.samples_per_s = max(0, read - before) / dt
+        role.last, role.last_at = msg, now
+
+    def on_plan(self, seconds: float, rank_costs: np.ndarray) -> None:
+        self.plan_s.append(seconds)
+        mean = float(rank_costs.mean()) if rank_costs.size else 0.0
+        if mean > 0:
+            self.balance.append(float(rank_costs.max()) / mean)
+
+    def on_waits(self, waits_s: tuple[float, ...]) -> None:
+        self.waits_s.extend(waits_s)
+
+    def on_tick(
+        self,
+        now: float,
+        consumed: int,
+        tokens: int,
+        samples: np.ndarray,
+        source_tokens: np.ndarray,
+    ) -> None:
+        self.totals.append(_Totals(now, consumed, tokens, samples.copy(), source_tokens.copy()))
+        while len(self.totals) > 2 and now - self.totals[1].at >= WINDOW_S:
+            self.totals.popleft()
+
+    # -- the view -----------------------------------------------------------------------------
+    def view(
+        self,
+        *,
+        state: str,
+        planned: int,
+        steps: int | None,
+        uptime_s: float,
+        failure: str,
+        weights: tuple[float, ...],
+        lifecycle: dict[str, int],
+        counts: dict[str, int],
+        planner_pid: int,
+        now: float | None = None,
+    ) -> StatusView:
+        now = time.monotonic() if now is None else now
+        first, last = self._window()
+        dt = max(1e-9, last.at - first.at) if last is not None and first is not None else 0.0
+
+        def rate(a: float, b: float) -> float:
+            return float(b - a) / dt if dt > 0 else 0.0
+
+        last_totals = last or _Totals(now, 0, 0, np.zeros(len(weights)), np.zeros(len(weights)))
+        first_totals = first or last_totals
+        norm = sum(weights) or 1.0
+        queue_samples = np.zeros(len(weights), dtype=np.int64)
+        queue_tokens = np.zeros(len(weights), dtype=np.int64)
+        errors = np.zeros(len(weights), dtype=np.int64)
+        serving = np.zeros(len(weights), dtype=np.int64)
+        loaders, constructors, ranks = [], [], []
+        for role in self.roles.values():
+            stats = role.last
+            state_of = self._state(role, now)
+            if role.hello.role == "loader":
+                for s in role.hello.sources:
+                    serving[s] += not role.retiring
+                for load in stats.sources if stats else ():
+                    queue_samples[load.source] += load.held_samples
+                    queue_tokens[load.source] += load.held_tokens
+                    errors[load.source] += load.errors
+                loaders.append(
+                    LoaderView(
+                        name=role.hello.name,
+                        node=stats.node if stats else role.hello.node,
+                        pid=role.hello.pid,
+                        state=state_of,
+                        cpu_percent=round(role.cpu_percent, 1),
+                        cpu_seconds=round(stats.cpu_s, 3) if stats else 0.0,
+                        pss_bytes=stats.pss_bytes if stats else 0,
+                        samples_per_s=round(role.samples_per_s, 1),
+                        sources=len(role.hello.sources),
+                    )
+                )
+            elif role.hello.role == "constructor":
+                constructors.append(
+                    ConstructorView(
+                        name=role.hello.name,
+                        node=role.hello.node,
+                        pid=role.hello.pid,
+                        state=state_of,
+                        cpu_percent=round(role.cpu_percent, 1),
+                        cpu_seconds=round(stats.cpu_s, 3) if stats else 0.0,
+                        pss_bytes=stats.pss_bytes if stats else 0,
+                        ready_bytes=stats.ready_bytes if stats else 0,
+                    )
+                )
+                for r in stats.ranks if stats else ():
+                    ranks.append(
+                        RankView(
+                            rank=r.rank,
+                            constructor=role.hello.name,
+                            step=r.consumed,
+                            ahead=r.ahead,
+                            wait_p50_ms=round(r.wait_p50_ms, 3),
+                            wait_p99_ms=round(r.wait_p99_ms, 3),
+                        )
+                    )
+        sources = tuple(
+            SourceView(
+                name=name,
+                weight=round(float(weights[s]) / norm, 6),
+                samples_per_s=round(rate(first_totals.samples[s], last_totals.samples[s]), 2),
+                tokens_per_s=round(
+                    rate(first_totals.source_tokens[s], last_totals.source_tokens[s]), 1
+                ),
+                samples=int(last_totals.samples[s]),
+                tokens=int(last_totals.source_tokens[s]),
+                loaders=int(serving[s]),
+                queue_samples=int(queue_samples[s]),
+                queue_tokens=int(queue_tokens[s]),
+                errors=int(errors[s]),
+            )
+            for s, name in enumerate(self.source_names)
+        )
+        job = JobView(
+            state=state,
+            step=int(last_totals.consumed),
+            planned=planned,
+            steps=steps,
+            steps_per_s=round(rate(first_totals.consumed, last_totals.consumed), 3),
+            tokens_per_s=round(rate(first_totals.tokens, last_totals.tokens), 1),
+            tokens=int(last_totals.tokens),
+            uptime_s=round(uptime_s, 3),
+            failure=failure,
+        )
+        planner = PlannerView(
+            pid=planner_pid,
+            plan_ms_p50=round(1000 * _pct(self.plan_s, 50), 3),
+            plan_ms_p99=round(1000 * _pct(self.plan_s, 99), 3),
+            balance_max_over_mean=round(_pct(list(self.balance), 50) if self.balance else 0.0, 4),
+            planned_ahead=int(planned - last_totals.consumed),
+            lifecycle=dict(lifecycle),
+            split=counts.get("split", 0),
+            truncated=counts.get("truncated", 0),
+            dropped=counts.get("dropped", 0),
+        )
+        return StatusView(
+            version=VIEW_VERSION,
+            job=job,
+            sources=sources,
+            loaders=tuple(sorted(loaders, key=lambda v: v.name)),
+            constructors=tuple(sorted(constructors, key=lambda v: v.name)),
+            ranks=tuple(sorted(ranks, key=lambda v: v.rank)),
+            planner=planner,
+            wait_p50_ms=round(1000 * _pct(self.waits_s, 50), 3),
+            wait_p99_ms=round(1000 * _pct(self.waits_s, 99), 3),
+        )
+
+    def _window(self) -> tuple[_Totals | None, _Totals | None]:
+        if not self.totals:
+            return None, None
+        return self.totals[0], self.totals[-1]
+
+    @staticmethod
+    def _state(role: _Role, now: float) -> str:
+        if role.retiring:
+            return "retiring"
+        if role.last is None:
+            return "starting"
+        return "running" if now - role.last_at < SILENT_AFTER_S else "silent"
+
+
+def metrics_line(view: StatusView, unix_time: float) -> dict[str, object]:
+    """One line of ``JOB/metrics.jsonl`` (version 1; ``msd report`` reads it)."""
+    return {
+        "time": round(unix_time, 3),
+        "uptime_s": view.job.uptime_s,
+        "state": view.job.state,
+        "step": view.job.step,
+        "planned": view.job.planned,
+        "steps_per_s": view.job.steps_per_s,
+        "tokens_per_s": view.job.tokens_per_s,
+        "tokens": view.job.tokens,
+        "wait_p50_ms": view.wait_p50_ms,
+        "wait_p99_ms": view.wait_p99_ms,
+        "balance_max_over_mean": view.planner.balance_max_over_mean,
+        "plan_ms_p99": view.planner.plan_ms_p99,
+        "loaders": len(view.loaders),
+        "sources": {
+            s.name: {
+                "weight": s.weight,
+                "tokens_per_s": s.tokens_per_s,
+                "queue_samples": s.queue_samples,
+            }
+            for s in view.sources
+        },
+    }

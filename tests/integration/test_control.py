@@ -1,0 +1,262 @@
+"""Operating a running local job: `msd status`, `msd mix`, and who may ask.
+
+Each test launches a real job (`msd launch`, subprocess) with repeating sources and a slow demo
+trainer, talks to it with the real CLI or the real control socket, and stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+import zmq
+
+from msd.control.client import request
+from msd.jobdir import JobDir
+from msd.wire import transport
+from msd.wire.keys import create_keys
+from msd.wire.protocol import SetMix, Status, StatusRequest, Stop
+from tests.conftest import base_recipe, processes_of_launcher, read_rank_logs, start_launch
+
+STARTUP_S = 90.0
+
+
+def _running_recipe(data: Path, **overrides: Any) -> dict[str, Any]:
+    recipe = base_recipe(data, steps=100000, **overrides)
+    for s in recipe["sources"]:
+        s["repeat"] = True
+    recipe["trainer"]["demo"]["step_ms"] = 30
+    recipe["metrics"] = {"every_s": 0.5}
+    return recipe
+
+
+@contextmanager
+def running_job(
+    tmp_path: Path, recipe: dict[str, Any]
+) -> Iterator[tuple[JobDir, subprocess.Popen[str]]]:
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    proc = start_launch(tmp_path, "recipe.yaml")
+    try:
+        job = JobDir(_wait_job(tmp_path, proc))
+        yield job, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(2)
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(20)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        for child in processes_of_launcher(proc.pid):
+            with suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+def _wait_job(tmp_path: Path, proc: subprocess.Popen[str]) -> Path:
+    """The job folder once rank 0 has received a few steps."""
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"launcher ended early: {proc.communicate()}"
+        logs = list(tmp_path.glob("runs/*/trainer/rank-0.jsonl"))
+        if logs and len(logs[0].read_text().splitlines()) >= 3:
+            return logs[0].parent.parent
+        time.sleep(0.2)
+    raise AssertionError("the job did not start")
+
+
+def msd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "msd.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_status_json_agrees_with_what_the_trainers_received(
+    tmp_path: Path, small_data: Path
+) -> None:
+    with running_job(tmp_path, _running_recipe(small_data)) as (job, _):
+        time.sleep(2.0)
+        result = msd("status", str(job.root), "--json", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        data = json.loads(result.stdout)
+        logs = read_rank_logs(job.root)
+    assert data["version"] == 1 and data["cluster"] == "local"
+    step = data["job"]["step"]
+    assert step >= 3 and data["job"]["state"] == "running"
+    # every step before `step` was consumed by every rank: the trainers' counts must agree
+    received = sum(r["tokens"] for rank in logs.values() for r in rank if r["step"] < step)
+    assert data["job"]["tokens"] == received
+    assert sum(s["tokens"] for s in data["sources"]) == received
+    assert data["job"]["tokens_per_s"] > 0 and data["job"]["steps_per_s"] > 0
+    assert {r["rank"] for r in data["ranks"]} == {0, 1, 2, 3}
+    # ranks as their Constructor last reported (once a second)
+    assert all(0 < r["step"] <= step + 1 and r["ahead"] >= 0 for r in data["ranks"])
+    names = {lo["name"] for lo in data["loaders"]}
+    assert names == {"web/0", "web/1", "code/0", "code/1", "books/0", "books/1"}
+    assert all(lo["state"] == "running" and lo["pss_bytes"] > 0 for lo in data["loaders"])
+    assert [s["loaders"] for s in data["sources"]] == [2, 2, 2]
+    assert data["planner"]["balance_max_over_mean"] >= 1.0
+
+
+def test_status_screen_and_watch_render(tmp_path: Path, small_data: Path) -> None:
+    with running_job(tmp_path, _running_recipe(small_data)) as (job, _):
+        screen = msd("status", str(job.root), cwd=tmp_path)
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "msd.cli", "status", "--watch", "--json", "--interval", "0.3"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(6.0)
+        watch.send_signal(2)
+        out, _ = watch.communicate(timeout=20)
+    assert screen.returncode == 0, screen.stderr
+    for word in ("sources", "loaders", "ranks", "tokens/s", "data-wait", "web/0"):
+        assert word in screen.stdout
+    steps = [json.loads(line)["job"]["step"] for line in out.splitlines()]
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] > steps[0]
+    assert watch.returncode == 0
+
+
+def test_a_request_without_the_job_key_is_refused_and_changes_nothing(
+    tmp_path: Path, small_data: Path
+) -> None:
+    with running_job(tmp_path, _running_recipe(small_data)) as (job, proc):
+        endpoint = job.wait_endpoint("planner")
+        ctx = transport.context()
+        strangers = [
+            transport.connect(ctx, zmq.DEALER, endpoint),  # no key at all
+            transport.connect(ctx, zmq.DEALER, endpoint, keys=create_keys(tmp_path / "other.key")),
+        ]
+        for sock in strangers:
+            transport.send(sock, StatusRequest())
+            transport.send(sock, SetMix(weights={"web": 0.0}, at_step=0))
+            transport.send(sock, Stop(reason="let me in"))
+        answered = [sock.poll(2000) for sock in strangers]
+        for sock in strangers:
+            sock.close(linger=0)
+        before = request(job, StatusRequest(), Status).view
+        time.sleep(1.0)
+        after = request(job, StatusRequest(), Status).view
+        history_exists = job.mix_history.exists()
+        still_running = proc.poll() is None
+    assert answered == [0, 0]  # nothing came back
+    assert still_running and after.job.step > before.job.step  # the Stop did nothing
+    assert not history_exists  # nor did the mix change
+    assert after.sources[0].weight == pytest.approx(0.5)
+
+
+def _wait_steps(
+    job: JobDir, proc: subprocess.Popen[str], steps: int, timeout_s: float = 120
+) -> None:
+    """Until every rank has logged ``steps`` steps."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"launcher ended early: {proc.communicate()}"
+        logs = read_rank_logs(job.root)
+        if len(logs) == 4 and all(len(lines) >= steps for lines in logs.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the job did not reach step {steps}")
+
+
+def _digests(job: JobDir, steps: int) -> dict[int, list[str]]:
+    return {
+        rank: [r["digest"] for r in lines[:steps]]
+        for rank, lines in read_rank_logs(job.root).items()
+    }
+
+
+def test_mix_at_step_changes_shares_from_that_step_and_replays(
+    tmp_path: Path, small_data: Path
+) -> None:
+    recipe = _running_recipe(small_data)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    with running_job(first, recipe) as (job, proc):
+        planned = request(job, StatusRequest(), Status).view.job.planned
+        at = planned + 80  # the command takes seconds to start; the job runs on
+        result = msd(
+            "mix",
+            str(job.root),
+            "--set",
+            "web=0",
+            "--set",
+            "books=2",
+            "--at-step",
+            str(at),
+            cwd=first,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"from step {at}" in result.stdout
+        late = msd("mix", str(job.root), "--set", "web=1", "--at-step", "0", cwd=first)
+        _wait_steps(job, proc, at + 12)
+        view = request(job, StatusRequest(), Status).view
+    assert late.returncode == 1 and "already planned" in late.stderr
+    history = json.loads(job.mix_history.read_text())
+    assert history["changes"] == [{"step": at, "weights": {"books": 2.0, "web": 0.0}}]
+    assert view.sources[0].weight == 0.0 and view.sources[2].weight == pytest.approx(2 / 2.3)
+    rows = read_rank_logs(job.root)
+    # Steps draw by their own weights; a step may still place what earlier steps drew and
+    # could not fit (carried over), so web (weight 0.5) vanishes within two steps of `at`.
+    has_web = {s: any(0 in rows[k][s]["source_ids"] for k in rows) for s in range(at + 12)}
+    assert all(has_web[s] for s in range(at))
+    assert not any(has_web[s] for s in range(at + 2, at + 12))
+    books = {s: sum(rows[k][s]["source_ids"].count(2) for k in rows) for s in range(at + 12)}
+    # books (long samples) fill the steps' tokens now: about twice the samples per step
+    assert sum(books[s] for s in range(at + 2, at + 12)) > 1.5 * sum(
+        books[s] for s in range(at - 10, at)
+    )
+
+    # a fresh run that replays the recorded history gives the same stream, byte for byte
+    (second / "history.json").write_text(job.mix_history.read_text())
+    (second / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    proc2 = subprocess.Popen(
+        [sys.executable, "-m", "msd.cli", "launch", "recipe.yaml", "--mix-history", "history.json"],
+        cwd=second,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        replay = JobDir(_wait_job(second, proc2))
+        _wait_steps(replay, proc2, at + 12)
+    finally:
+        proc2.send_signal(2)
+        proc2.communicate(timeout=30)
+    assert _digests(replay, at + 12) == _digests(job, at + 12)
+    assert json.loads(replay.mix_history.read_text()) == history
+
+
+def test_metrics_endpoint_serves_prometheus_text(tmp_path: Path, small_data: Path) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with running_job(tmp_path, _running_recipe(small_data)) as (job, _):
+        url = job.wait_endpoint("metrics")
+        time.sleep(1.5)
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        lines = [json.loads(x) for x in job.metrics.read_text().splitlines()]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["msd_steps"].samples[0].value > 0  # the parser drops _total
+    weights = {s.labels["source"]: s.value for s in families["msd_source_weight"].samples}
+    assert weights == pytest.approx({"web": 0.5, "code": 0.3, "books": 0.2})
+    assert (
+        sum(s.value for s in families["msd_data_wait_seconds"].samples if s.name.endswith("_count"))
+        > 0
+    )
+    assert lines and lines[-1]["step"] > 0 and set(lines[-1]["sources"]) == {"web", "code", "books"}
