@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import init, launch, ls, mix, report, sidecar, status, stop, synth, validate
+from . import init, launch, ls, mix, report, rescale, sidecar, status, stop, synth, validate
 
 app = typer.Typer(
     name="msd",
@@ -20,6 +20,7 @@ app.command("launch")(launch.launch)
 app.command("stop")(stop.stop)
 app.command("status")(status.status)
 app.command("mix")(mix.mix)
+app.command("rescale")(rescale.rescale)
 app.command("ls")(ls.ls)
 app.command("report")(report.report)
 app.command("sidecar")(sidecar.sidecar)

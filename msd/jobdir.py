@@ -5,6 +5,8 @@
     JOB/job.json               name, fingerprint, launcher pid, state
     JOB/job.key                the job's CURVE keys (0600): who may talk to its Planner
     JOB/mix-history.json       every mix change made while the job ran (``msd mix``)
+    JOB/loaders.json           the loader generations added while it ran (``msd rescale``)
+    JOB/retired/NAME           a loader process that finished its share and exited
     JOB/metrics.jsonl          the job's figures, one line a second (``msd report``)
     JOB/endpoints/NAME         the address a role serves (written atomically once bound)
     JOB/logs/ROLE-NAME.log     each role's output
@@ -56,6 +58,13 @@ class JobDir:
     @property
     def mix_history(self) -> Path:
         return self.root / "mix-history.json"
+
+    @property
+    def rescales(self) -> Path:
+        return self.root / "loaders.json"
+
+    def retired(self, loader: str) -> Path:
+        return self.root / "retired" / loader.replace("/", "-")
 
     @property
     def metrics(self) -> Path:

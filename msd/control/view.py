@@ -68,6 +68,9 @@ class JobObserver:
     def on_hello(self, key: str, hello: Hello) -> None:
         self.roles[key] = _Role(hello)
 
+    def on_retired(self, key: str) -> None:
+        self.roles.pop(key, None)
+
     def on_stats(self, key: str, msg: Stats, now: float) -> None:
         role = self.roles.get(key)
         if role is None:

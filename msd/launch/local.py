@@ -25,6 +25,7 @@ import zmq
 
 from msd.control.client import planner_socket
 from msd.control.history import write_history
+from msd.control.rescales import load_rescales
 from msd.errors import MsdError
 from msd.jobdir import JobDir
 from msd.launch import procs
@@ -126,6 +127,8 @@ class LocalJob:
         self.job = prepare_job(recipe, recipe_text, run_root, mix_history)
         self.children: list[procs.Child] = []
         self.trainers: list[procs.Child] = []
+        self.loader_names: set[str] = set()
+        self.rescales_seen = 0.0  # mtime of JOB/loaders.json when last read
         self.env = {**os.environ, "MSD_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         self._write_job_json("starting")
 
@@ -142,11 +145,19 @@ class LocalJob:
             "local",
             procs.role_argv("constructor", root, "--node", "local", "--ranks", ranks),
         )
-        for process in loader_processes(self.recipe):
-            argv = procs.role_argv("loader", root, "--name", process.name)
-            self._role("loader", process.name, argv)
+        self._start_loaders()
         self._start_trainers()
         self._write_job_json("running")
+
+    def _start_loaders(self) -> None:
+        """Every loader process not started yet: the recipe's, and each rescale's (the Planner
+        records a rescale in ``JOB/loaders.json`` and waits for its processes)."""
+        rescales = load_rescales(self.job.rescales, self.recipe)
+        for process in loader_processes(self.recipe, rescales):
+            if process.name not in self.loader_names:
+                self.loader_names.add(process.name)
+                argv = procs.role_argv("loader", self.job.root, "--name", process.name)
+                self._role("loader", process.name, argv)
 
     def _role(self, role: str, name: str, argv: list[str]) -> None:
         self.children.append(procs.start(role, name, argv, self.env, self.job.log_path(role, name)))
@@ -232,6 +243,7 @@ class LocalJob:
             failed = self._failed_child()
             if failed is not None or self._finished(status):
                 return status, failed
+            self._follow_rescales()
             if time.monotonic() >= next_ask:
                 transport.send(sock, StatusRequest())
                 next_ask = time.monotonic() + STATUS_EVERY_S
@@ -246,11 +258,22 @@ class LocalJob:
             return all(t.popen.poll() == 0 for t in self.trainers)
         return status is not None and status.state == "done"
 
+    def _follow_rescales(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            mtime = self.job.rescales.stat().st_mtime
+            if mtime != self.rescales_seen:
+                self.rescales_seen = mtime
+                self._start_loaders()
+
     def _failed_child(self) -> procs.Child | None:
-        for child in self.children:
+        for child in list(self.children):
             code = child.popen.poll()
-            if code is not None and not (child in self.trainers and code == 0):
-                return child
+            if code is None or (child in self.trainers and code == 0):
+                continue
+            if child.role == "loader" and code == 0 and self.job.retired(child.name).exists():
+                self.children.remove(child)  # replaced by a rescale, and done
+                continue
+            return child
         return None
 
     def _describe_failure(

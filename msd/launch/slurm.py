@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from msd.control.client import planner_socket
+from msd.control.rescales import load_rescales
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
 from msd.launch.local import (
@@ -96,6 +97,7 @@ class SlurmJob:
         self.job = prepare_job(recipe, recipe_text, run_root, mix_history)
         self.plan = submissions(recipe)
         self.submitted: list[tuple[Submission, Any]] = []
+        self.rescales_seen = 0.0
 
     def _write_job_json(self, state: str) -> None:
         ids = {f"{s.role} {s.name}": j.job_id for s, j in self.submitted}
@@ -103,19 +105,41 @@ class SlurmJob:
 
     # -- submitting ---------------------------------------------------------------------------
     def submit(self) -> None:
-        import submitit
-
         port = free_port("")
         try:
             for sub in self.plan:
-                executor = submitit.AutoExecutor(folder=self.job.root / "slurm", cluster="slurm")
-                executor.update_parameters(**sub.parameters)
-                self.submitted.append((sub, self._submit_one(executor, sub, port)))
+                self.submitted.append((sub, self._submit_one(self._executor(sub), sub, port)))
         except Exception as exc:  # sbatch refusing a request arrives as various errors
             self.cancel()
             raise LaunchError(f"SLURM refused the {sub.role} job: {_first_line(exc)}") from None
         finally:
             self._write_job_json("running")
+
+    def _executor(self, sub: Submission) -> Any:
+        import submitit
+
+        executor = submitit.AutoExecutor(folder=self.job.root / "slurm", cluster="slurm")
+        executor.update_parameters(**sub.parameters)
+        return executor
+
+    def _follow_rescales(self) -> None:
+        """Submit a job for each loader a rescale added (``JOB/loaders.json``)."""
+        with contextlib.suppress(FileNotFoundError):
+            mtime = self.job.rescales.stat().st_mtime
+            if mtime == self.rescales_seen:
+                return
+            self.rescales_seen = mtime
+        rescales = load_rescales(self.job.rescales, self.recipe)
+        started = {(s.role, s.name) for s, _ in self.submitted}
+        for sub in submissions(self.recipe, rescales):
+            if sub.role == "loader" and (sub.role, sub.name) not in started:
+                try:
+                    self.submitted.append((sub, self._submit_one(self._executor(sub), sub, 0)))
+                except Exception as exc:
+                    raise LaunchError(
+                        f"SLURM refused the loader job {sub.name}: {_first_line(exc)}"
+                    ) from None
+                self._write_job_json("running")
 
     def _submit_one(self, executor: Any, sub: Submission, port: int) -> Any:
         root = str(self.job.root)
@@ -203,6 +227,7 @@ class SlurmJob:
                 try:
                     if self._trainers_done(status):
                         return status, None
+                    self._follow_rescales()
                     self._raise_if_failed(self._states())
                 except LaunchError as exc:
                     return status, str(exc)
@@ -229,7 +254,9 @@ class SlurmJob:
     def _raise_if_failed(self, states: dict[str, str]) -> None:
         for sub, job in self.submitted:
             state = states.get(job.job_id, "")
-            early = state == "COMPLETED"  # every role runs until the launcher stops it
+            # every role runs until the launcher stops it, but a loader a rescale replaced
+            retired = sub.role == "loader" and self.job.retired(sub.name).exists()
+            early = state == "COMPLETED" and not retired
             if state in ENDED_BADLY or early:
                 raise LaunchError(
                     f"{sub.role} {sub.name} (SLURM job {job.job_id}) is {state}; the run was "

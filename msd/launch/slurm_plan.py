@@ -11,11 +11,12 @@ to sbatch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from msd.errors import LaunchError
-from msd.plan.partition import loader_processes
+from msd.plan.partition import Generation, loader_processes
 from msd.recipe.schema import Recipe, SlurmRole, Trainer
 
 
@@ -55,7 +56,8 @@ def _common(recipe: Recipe, role: str, spec: SlurmRole) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v not in (None, {})}
 
 
-def submissions(recipe: Recipe) -> list[Submission]:
+def submissions(recipe: Recipe, rescales: Sequence[Generation] = ()) -> list[Submission]:
+    """Every job of the run; with ``rescales``, their loader jobs too (``msd rescale``)."""
     slurm = recipe.slurm
     subs = [
         Submission(
@@ -65,7 +67,7 @@ def submissions(recipe: Recipe) -> list[Submission]:
             ("planner",),
         )
     ]
-    for process in loader_processes(recipe):
+    for process in loader_processes(recipe, rescales):
         params = {**_common(recipe, "loader", slurm.loader), "nodes": 1, "tasks_per_node": 1}
         task = ("loader", "--name", process.name)
         subs.append(Submission("loader", process.name, params, task))

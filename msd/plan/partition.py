@@ -1,25 +1,46 @@
-"""Which loader process serves which share of which source: a pure function of the recipe.
+"""Which loader process serves which share of which source: a pure function of the recipe and
+the job's rescales.
 
-A source with ``loaders: L`` is read by L shards: shard i owns every L-th block its epochs visit.
+Each source's visits (``v = epoch × blocks + k``: the k-th block an epoch visits) are read in
+generations. Generation 0 is the recipe's: a source with ``loaders: L`` is read by L shards,
+shard i owning visits v ≡ i (mod L). ``msd rescale`` adds a generation: from a visit ``start``
+no shard of the generation before it has opened, N new shards own the visits
+``start + i, start + i + N, ...``; the old ones finish what lies before ``start`` and retire.
+Each visit is read by exactly one shard, so no sample is lost or read twice, and the stream
+never depends on any of this: only who reads what.
+
 A source read by several shards gets one process per shard (it is heavy: that is why it has
 several). Sources with ``loaders: 1`` are light ones: up to ``loader.sources_per_process`` of
 them, in recipe order, share one process, so a thousand sources need not mean a thousand
-processes. The stream never depends on this: only who reads what.
+processes. A rescale's shards each get their own process, named ``SOURCE@GENERATION/INDEX``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from msd.recipe.schema import Recipe
 
 
 @dataclass(frozen=True)
+class Generation:
+    """``loaders`` shards of source ``source`` read its visits from ``start`` on (``None``:
+    not decided yet, the new loaders are starting), until the next generation's start."""
+
+    source: int
+    number: int
+    loaders: int
+    start: int | None
+
+
+@dataclass(frozen=True)
 class Shard:
-    """Shard ``index`` of source ``source`` (of ``recipe.sources[source].loaders``)."""
+    """Shard ``index`` of generation ``generation`` of source ``source``."""
 
     source: int
     index: int
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -32,13 +53,31 @@ class LoaderProcess:
         return tuple(sorted({shard.source for shard in self.shards}))
 
 
-def loader_name(source: str, index: int) -> str:
-    return f"{source}/{index}"
+def loader_name(source: str, index: int, generation: int = 0) -> str:
+    return f"{source}/{index}" if generation == 0 else f"{source}@{generation}/{index}"
 
 
-def loader_processes(recipe: Recipe) -> tuple[LoaderProcess, ...]:
-    """Every loader process of the job, in a fixed order (each source's first shard in recipe
-    order)."""
+def generations(recipe: Recipe, rescales: Sequence[Generation] = ()) -> list[list[Generation]]:
+    """Every source's generations, in order: the recipe's, then its rescales."""
+    table = [[Generation(s, 0, src.loaders, 0)] for s, src in enumerate(recipe.sources)]
+    for g in rescales:
+        table[g.source].append(g)
+    return table
+
+
+def span(table: list[list[Generation]], shard: Shard) -> tuple[int | None, int | None, int]:
+    """The visits of a shard's generation: (start, stop, loaders); ``stop`` None: open-ended."""
+    gens = table[shard.source]
+    gen = gens[shard.generation]
+    stop = gens[shard.generation + 1].start if shard.generation + 1 < len(gens) else None
+    return gen.start, stop, gen.loaders
+
+
+def loader_processes(
+    recipe: Recipe, rescales: Sequence[Generation] = ()
+) -> tuple[LoaderProcess, ...]:
+    """Every loader process of the job, in a fixed order: the recipe's (each source's first
+    shard in recipe order), then each rescale's."""
     per_process = max(1, recipe.loader.sources_per_process)
     processes: list[LoaderProcess] = []
     group: list[int] = []
@@ -60,6 +99,12 @@ def loader_processes(recipe: Recipe) -> tuple[LoaderProcess, ...]:
         if len(group) == per_process:
             close_group()
     close_group()
+    for g in rescales:
+        name = recipe.sources[g.source].name
+        processes += [
+            LoaderProcess(loader_name(name, i, g.number), (Shard(g.source, i, g.number),))
+            for i in range(g.loaders)
+        ]
     return tuple(processes)
 
 
@@ -69,9 +114,9 @@ def _shared(recipe: Recipe, sources: tuple[int, ...]) -> LoaderProcess:
     return LoaderProcess(name, tuple(Shard(s, 0) for s in sources))
 
 
-def find_process(recipe: Recipe, name: str) -> LoaderProcess:
+def find_process(recipe: Recipe, name: str, rescales: Sequence[Generation] = ()) -> LoaderProcess:
     """The loader process called ``name``; KeyError names the ones there are."""
-    processes = loader_processes(recipe)
+    processes = loader_processes(recipe, rescales)
     for process in processes:
         if process.name == name:
             return process

@@ -17,7 +17,7 @@ import bisect
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import zmq
 
+from msd.control.rescales import load_rescales
 from msd.jobdir import JobDir
 from msd.plan.order import EpochOrder, make_blocks
-from msd.plan.partition import LoaderProcess, Shard, find_process
+from msd.plan.partition import Generation, LoaderProcess, Shard, find_process, generations, span
 from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
@@ -38,8 +39,12 @@ from msd.sources.transforms import make_transform
 from msd.wire import transport
 from msd.wire.protocol import (
     DISCARD,
+    Cut,
+    CutAt,
+    GenerationStart,
     Meta,
     Payload,
+    Retired,
     Route,
     SourceLoad,
     Stats,
@@ -74,15 +79,11 @@ def chunk_end(sizes: np.ndarray, start: int, budget: int) -> int:
     return start + max(1, fits)
 
 
-def shard_budgets(recipe: Recipe) -> tuple[int, ...]:
-    """Unrouted tokens each shard of each source may hold: the read-ahead shared out by the
-    source's largest share of the mix, over its shards; at least one row (``seq_len``)."""
-    total = recipe.loader_buffer_tokens
-    peaks = peak_shares(schedule_of(recipe))
-    return tuple(
-        max(recipe.seq_len, int(total * peak / source.loaders))
-        for source, peak in zip(recipe.sources, peaks, strict=True)
-    )
+def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
+    """Unrouted tokens one of ``loaders`` shards of ``source`` may hold: the read-ahead shared
+    out by the source's largest share of the mix, over its shards; at least one row."""
+    peak = peak_shares(schedule_of(recipe))[source]
+    return max(recipe.seq_len, int(recipe.loader_buffer_tokens * peak / loaders))
 
 
 @dataclass
@@ -156,21 +157,35 @@ class _Visit:
 
 
 class SourceShard:
-    """One shard of one source: its visits, the tokens it holds, and how far it may read."""
+    """One shard of one source: its visits, the tokens it holds, and how far it may read.
 
-    def __init__(self, recipe: Recipe, shard: Shard, reader: RowGroupReader, budget: int) -> None:
+    It reads visits ``start + index``, every ``stride``-th after, before ``stop`` (``start``
+    None: its generation waits for the Planner to say where it begins; ``stop`` None: until the
+    source ends). ``frozen``: the Planner is cutting a new generation in; open nothing new.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        shard: Shard,
+        reader: RowGroupReader,
+        span: tuple[int | None, int | None, int],
+    ) -> None:
         self.recipe, self.source, self.index = recipe, shard.source, shard.index
+        self.generation = shard.generation
         spec = recipe.sources[shard.source]
-        self.num_shards = spec.loaders
         self.src: SourceIndex = open_source(spec, f"sources[{shard.source}]")
         self.blocks = make_blocks(
             [rg.num_rows for rg in self.src.row_groups], recipe.loader.block_row_groups
         )
         self.key = source_key(spec.name)
         self.tokenize = make_transform(spec.transform, self.src.column_kind)
-        self.reader, self.budget = reader, budget
-        self.visits = self._visits()
-        self.upcoming = next(self.visits, None)
+        start, self.stop, self.stride = span
+        self.next_v = None if start is None else start + self.index
+        self.frozen = False
+        self.reader = reader
+        self.budget = shard_budget(recipe, shard.source, self.stride)
+        self._order: EpochOrder | None = None
         self.visit: _Visit | None = None
         self.want = -1
         self.held: dict[int, np.ndarray] = {}
@@ -179,22 +194,51 @@ class SourceShard:
         self.samples_read = 0
         self.tokens_read = 0
 
-    def _visits(self) -> Iterator[tuple[EpochOrder, int]]:
-        """This shard's (epoch order, visit index) pairs, in stream order."""
-        epoch = 0
-        while True:
-            order = EpochOrder(self.blocks, self.recipe.seed, self.key, epoch)
-            yield from ((order, k) for k in range(self.index, len(self.blocks), self.num_shards))
-            if not self.recipe.sources[self.source].repeat:
-                return
-            epoch += 1
+    @property
+    def upcoming(self) -> tuple[EpochOrder, int] | None:
+        """The next visit to open: (its epoch's order, its index in the epoch)."""
+        v = self.next_v
+        if v is None or self.frozen or (self.stop is not None and v >= self.stop):
+            return None
+        epoch, k = divmod(v, len(self.blocks))
+        if epoch > 0 and not self.recipe.sources[self.source].repeat:
+            return None
+        if self._order is None or self._order.epoch != epoch:
+            self._order = EpochOrder(self.blocks, self.recipe.seed, self.key, epoch)
+        return self._order, k
+
+    def begin(self, start: int) -> None:
+        """The Planner decided where this shard's generation begins."""
+        self.next_v = start + self.index
+
+    def cut(self) -> int:
+        """Open no new visit until ``end_at``; the first visit not opened yet."""
+        self.frozen = True
+        assert self.next_v is not None
+        return self.next_v
+
+    def end_at(self, stop: int) -> None:
+        """A new generation reads from visit ``stop`` on; this one finishes what lies before."""
+        self.stop, self.frozen = stop, False
+
+    @property
+    def retired(self) -> bool:
+        """Replaced by a newer generation, and nothing left to read or hold."""
+        return (
+            self.stop is not None
+            and self.upcoming is None
+            and not self.frozen
+            and self.visit is None
+            and not self.held
+        )
 
     def next_gpos(self) -> int | None:
         if self.visit is not None:
             return self.visit.gpos_start + self.visit.at
-        if self.upcoming is None:
+        upcoming = self.upcoming
+        if upcoming is None:
             return None
-        order, k = self.upcoming
+        order, k = upcoming
         return order.epoch * order.num_rows + int(order.block_starts[k])
 
     @property
@@ -254,10 +298,11 @@ class SourceShard:
 
     def _open_visit(self) -> _Visit | None:
         """Read (not yet tokenize) the column of this shard's next block."""
-        if self.upcoming is None:
+        upcoming = self.upcoming
+        if upcoming is None or self.next_v is None:
             return None
-        order, k = self.upcoming
-        self.upcoming = next(self.visits, None)
+        order, k = upcoming
+        self.next_v += self.stride
         block = self.blocks[int(order.block_perm[k])]
         groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
 
@@ -272,12 +317,18 @@ class SourceShard:
 class Loader:
     """A loader process: its shards, one Planner connection, a PUSH socket per Constructor."""
 
-    def __init__(self, job: JobDir, recipe: Recipe, process: LoaderProcess) -> None:
-        self.recipe, self.name = recipe, process.name
+    def __init__(
+        self,
+        job: JobDir,
+        recipe: Recipe,
+        process: LoaderProcess,
+        rescales: tuple[Generation, ...] = (),
+    ) -> None:
+        self.job, self.recipe, self.name = job, recipe, process.name
         self.reader = RowGroupReader(max_open_files=min(MAX_OPEN_FILES, 4 * len(process.shards)))
-        budgets = shard_budgets(recipe)
+        table = generations(recipe, rescales)
         self.shards = {
-            shard.source: SourceShard(recipe, shard, self.reader, budgets[shard.source])
+            shard.source: SourceShard(recipe, shard, self.reader, span(table, shard))
             for shard in process.shards
         }
         self.planner = connect_planner(job, f"loader/{self.name}")
@@ -285,7 +336,8 @@ class Loader:
 
     def run(self) -> None:
         sources = tuple(self.shards)
-        transport.send(self.planner, hello("loader", self.name, sources=sources))
+        gens = tuple(shard.generation for shard in self.shards.values())
+        transport.send(self.planner, hello("loader", self.name, sources=sources, generations=gens))
         poller = zmq.Poller()
         poller.register(self.planner, zmq.POLLIN)
         next_stats = 0.0
@@ -293,6 +345,9 @@ class Loader:
             if time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + STATS_EVERY_S
                 transport.send(self.planner, self._stats())
+                if all(shard.retired for shard in self.shards.values()):
+                    self._retire()
+                    return
             shard = self._next_shard()
             for _ in dict(poller.poll(0 if shard else 100)):
                 if not self._handle(*transport.recv(self.planner)[1:]):
@@ -301,6 +356,15 @@ class Loader:
                 meta = shard.read_next()
                 if meta is not None:
                     transport.send(self.planner, meta)
+
+    def _retire(self) -> None:
+        """Every shard was replaced by a newer generation and holds nothing: leave a note for
+        the launcher (this exit is not a failure), tell the Planner, exit."""
+        marker = self.job.retired(self.name)
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(self.name)
+        transport.send(self.planner, Retired(name=self.name))
+        print(f"loader {self.name}: replaced by a newer generation; retired", flush=True)
 
     def _stats(self) -> Stats:
         cpu_s, pss = process_usage()
@@ -329,6 +393,14 @@ class Loader:
         elif isinstance(msg, Want):
             shard = self.shards[msg.source]
             shard.want = max(shard.want, msg.gpos)
+        elif isinstance(msg, Cut):
+            transport.send(self.planner, CutAt(msg.source, self.shards[msg.source].cut()))
+        elif isinstance(msg, GenerationStart):
+            shard = self.shards[msg.source]
+            if shard.generation == msg.generation:
+                shard.begin(msg.start)
+            elif shard.generation < msg.generation and shard.stop is None:
+                shard.end_at(msg.start)
         elif isinstance(msg, Stop):
             return False
         return True
@@ -359,7 +431,8 @@ def main(job: JobDir, name: str) -> None:
     # back; Arrow's default pool keeps them, tens of MB per process with many sources.
     pa.set_memory_pool(pa.system_memory_pool())
     recipe = job.recipe()
-    loader = Loader(job, recipe, find_process(recipe, name))
+    rescales = load_rescales(job.rescales, recipe)
+    loader = Loader(job, recipe, find_process(recipe, name, rescales), rescales)
     print(
         f"loader {loader.name} ({len(loader.shards)} sources) ready in "
         f"{time.monotonic() - started:.2f} s",

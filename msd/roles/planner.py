@@ -17,12 +17,13 @@ import zmq
 
 from msd.control.history import load_history, make_change, write_history
 from msd.control.metrics import Histogram, MetricsServer
+from msd.control.rescales import load_rescales, write_rescales
 from msd.control.view import JobObserver, metrics_line
 from msd.errors import MsdError, ProtocolError
 from msd.jobdir import JobDir
 from msd.plan.cost import CostModel
 from msd.plan.lifecycle import SampleGraph
-from msd.plan.partition import loader_processes
+from msd.plan.partition import Generation, generations, loader_processes
 from msd.plan.schedule import MixChange, schedule_of
 from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
 from msd.plan.topology import Topology
@@ -33,14 +34,20 @@ from msd.wire.protocol import (
     DISCARD,
     PROTOCOL_VERSION,
     ConstructorInfo,
+    Cut,
+    CutAt,
     End,
     Failure,
+    GenerationStart,
     Hello,
     Meta,
     MixSet,
     Plan,
     Progress,
     Refused,
+    Rescale,
+    Rescaling,
+    Retired,
     Route,
     SetMix,
     Stats,
@@ -102,6 +109,8 @@ class Planner:
         self.auth = transport.admit_only(ctx, keys)  # only holders of the job's key get in
         self.sock, endpoint = transport.bind(ctx, zmq.ROUTER, keys)
         self.expected_loaders = len(loader_processes(recipe))
+        self.rescales = list(load_rescales(job.rescales, recipe))
+        self.cut_at: dict[int, dict[bytes, int | None]] = {}  # source → its current shards' replies
         self.loaders: dict[str, Peer] = {}
         self.constructors: list[Peer] = []
         self.topology = topology_of(recipe)
@@ -175,6 +184,13 @@ class Planner:
             transport.send(self.sock, self.status(), to=identity)
         elif isinstance(msg, SetMix):
             transport.send(self.sock, self._on_set_mix(msg), to=identity)
+        elif isinstance(msg, Rescale):
+            transport.send(self.sock, self._on_rescale(msg), to=identity)
+        elif isinstance(msg, CutAt):
+            self._on_cut_at(identity, msg)
+        elif isinstance(msg, Retired):
+            self.loaders.pop(msg.name, None)
+            self.observer.on_retired(identity.hex())
         elif isinstance(msg, Failure):
             self.failure = f"{msg.role} {msg.name}: {msg.error}"
             print(f"failure reported by {msg.role} {msg.name}:\n{msg.traceback}", flush=True)
@@ -191,6 +207,10 @@ class Planner:
         self.observer.on_hello(identity.hex(), msg)
         if msg.role == "loader":
             self.loaders[msg.name] = Peer(identity, msg)
+            if self.running:  # a rescale's new loader
+                transport.send(self.sock, self._welcome(), to=identity)
+                for source in msg.sources:
+                    self._maybe_cut(source)
         elif msg.role == "constructor":
             taken = self.ranks & set(msg.ranks)
             if taken:
@@ -212,12 +232,15 @@ class Planner:
         everyone = set(range(self.topology.world_size))
         return len(self.loaders) == self.expected_loaders and self.ranks == everyone
 
-    def _start(self) -> None:
+    def _welcome(self) -> Welcome:
         infos = tuple(
             ConstructorInfo(c.hello.name, c.hello.endpoints["payload"]) for c in self.constructors
         )
+        return Welcome(constructors=infos)
+
+    def _start(self) -> None:
         for peer in self.loaders.values():
-            transport.send(self.sock, Welcome(constructors=infos), to=peer.identity)
+            transport.send(self.sock, self._welcome(), to=peer.identity)
         self.running = True
         self.started = time.monotonic()
         print(
@@ -386,6 +409,77 @@ class Planner:
         self.spec = stream_spec(self.recipe, self.spec.num_rows, self.changes)
         print(f"planner: mix {dict(msg.weights)} from step {at}", flush=True)
         return MixSet(at_step=at, weights=dict(msg.weights))
+
+    def _on_rescale(self, msg: Rescale) -> Rescaling | Refused:
+        """Start a new generation of a source's loaders: record it (the launcher starts its
+        processes); once they are all up, cut it in (``_maybe_cut``)."""
+        names = [s.name for s in self.recipe.sources]
+        if msg.source not in names:
+            return Refused(reason=f"no source named {msg.source!r} (sources: {', '.join(names)})")
+        if not 1 <= msg.loaders <= 256:
+            return Refused(reason=f"--loaders must be from 1 to 256, got {msg.loaders}")
+        source = names.index(msg.source)
+        gens = generations(self.recipe, self.rescales)[source]
+        if gens[-1].start is None:
+            return Refused(
+                reason=f"{msg.source} is being rescaled already (generation "
+                f"{gens[-1].number}); wait until it is done"
+            )
+        new = Generation(source, len(gens), msg.loaders, None)
+        try:
+            write_rescales(self.job.rescales, self.recipe, [*self.rescales, new])
+        except OSError as exc:
+            return Refused(reason=f"cannot record the rescale in {self.job.rescales}: {exc}")
+        self.rescales.append(new)
+        print(
+            f"planner: {msg.source} → {msg.loaders} loaders (generation {new.number})", flush=True
+        )
+        return Rescaling(source=msg.source, generation=new.number, loaders=msg.loaders)
+
+    def _generation_peers(self, source: int, number: int) -> list[Peer]:
+        return [
+            p
+            for p in self.loaders.values()
+            if source in p.hello.sources
+            and p.hello.generations[p.hello.sources.index(source)] == number
+        ]
+
+    def _maybe_cut(self, source: int) -> None:
+        """Once every loader of a source's pending generation is up, ask the current ones
+        where they are (``Cut``)."""
+        gens = generations(self.recipe, self.rescales)[source]
+        pending = gens[-1]
+        if pending.start is not None or source in self.cut_at:
+            return
+        if len(self._generation_peers(source, pending.number)) < pending.loaders:
+            return
+        current = next(g for g in reversed(gens) if g.start is not None)
+        peers = self._generation_peers(source, current.number)
+        self.cut_at[source] = {p.identity: None for p in peers}
+        for p in peers:
+            transport.send(self.sock, Cut(source=source), to=p.identity)
+
+    def _on_cut_at(self, identity: bytes, msg: CutAt) -> None:
+        """When every current shard has said where it stands, the new generation starts after
+        the furthest: each visit is read by exactly one shard."""
+        replies = self.cut_at[msg.source]
+        replies[identity] = msg.visit
+        if any(v is None for v in replies.values()):
+            return
+        start = max(v for v in replies.values() if v is not None)
+        del self.cut_at[msg.source]
+        index = next(
+            i for i, g in enumerate(self.rescales) if g.source == msg.source and g.start is None
+        )
+        g = self.rescales[index]
+        self.rescales[index] = Generation(g.source, g.number, g.loaders, start)
+        write_rescales(self.job.rescales, self.recipe, self.rescales)
+        for p in self.loaders.values():
+            if msg.source in p.hello.sources:
+                start_msg = GenerationStart(source=msg.source, generation=g.number, start=start)
+                transport.send(self.sock, start_msg, to=p.identity)
+        name = self.recipe.sources[msg.source].name
+        print(f"planner: {name} generation {g.number} reads from visit {start}", flush=True)
 
     def _tick(self) -> None:
         """Refresh the view: rates, the metrics endpoint, a line of ``metrics.jsonl``."""

@@ -42,6 +42,12 @@ class Kind(enum.IntEnum):
     STATS = 18
     SET_MIX = 19
     MIX_SET = 20
+    RESCALE = 21
+    RESCALING = 22
+    CUT = 23
+    CUT_AT = 24
+    GENERATION_START = 25
+    RETIRED = 26
 
 
 class _Msg(msgspec.Struct, frozen=True, array_like=True, tag_field="kind"):
@@ -59,6 +65,7 @@ class Hello(_Msg, frozen=True, tag=int(Kind.HELLO)):
     endpoints: dict[str, str] = {}
     ranks: tuple[int, ...] = ()
     sources: tuple[int, ...] = ()
+    generations: tuple[int, ...] = ()  # a loader: the generation of each source's shard
 
 
 class ConstructorInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -263,6 +270,52 @@ class MixSet(_Msg, frozen=True, tag=int(Kind.MIX_SET)):
     weights: dict[str, float]
 
 
+class Rescale(_Msg, frozen=True, tag=int(Kind.RESCALE)):
+    """Control → Planner: read ``source`` with ``loaders`` loader processes from now on."""
+
+    source: str
+    loaders: int
+
+
+class Rescaling(_Msg, frozen=True, tag=int(Kind.RESCALING)):
+    """Planner → control: generation ``generation`` of the source's loaders is starting (its
+    processes are named in ``JOB/loaders.json``)."""
+
+    source: str
+    generation: int
+    loaders: int
+
+
+class Cut(_Msg, frozen=True, tag=int(Kind.CUT)):
+    """Planner → the current loaders of ``source``: open no new visit of it; say which is
+    your next."""
+
+    source: int
+
+
+class CutAt(_Msg, frozen=True, tag=int(Kind.CUT_AT)):
+    """Loader → Planner: the first visit of ``source`` this shard has not opened."""
+
+    source: int
+    visit: int
+
+
+class GenerationStart(_Msg, frozen=True, tag=int(Kind.GENERATION_START)):
+    """Planner → every loader of ``source``: generation ``generation`` reads from visit
+    ``start`` on; older shards finish the visits before it, then retire."""
+
+    source: int
+    generation: int
+    start: int
+
+
+class Retired(_Msg, frozen=True, tag=int(Kind.RETIRED)):
+    """Loader → Planner: every shard of this process was replaced and holds nothing; it
+    exits."""
+
+    name: str
+
+
 # -- what `msd status` shows (field names are the `--json` keys; docs/status.md) ----------------
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
     state: str
@@ -379,6 +432,12 @@ Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged st
     Stats,
     SetMix,
     MixSet,
+    Rescale,
+    Rescaling,
+    Cut,
+    CutAt,
+    GenerationStart,
+    Retired,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

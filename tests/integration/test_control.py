@@ -7,6 +7,7 @@ trainer, talks to it with the real CLI or the real control socket, and stops it.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -25,9 +26,25 @@ from msd.jobdir import JobDir
 from msd.wire import transport
 from msd.wire.keys import create_keys
 from msd.wire.protocol import SetMix, Status, StatusRequest, Stop
-from tests.conftest import base_recipe, processes_of_launcher, read_rank_logs, start_launch
+from tests.conftest import base_recipe, processes_of_launcher, read_rank_logs
 
 STARTUP_S = 90.0
+
+
+def _restore_sigint() -> None:
+    # Background shells start commands with SIGINT ignored; a terminal's Ctrl-C is not.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def msd_popen(*args: str, cwd: Path, **kwargs: Any) -> subprocess.Popen[str]:
+    """`msd ARGS` in the background, stoppable with Ctrl-C (SIGINT) as from a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "msd.cli", *args],
+        cwd=cwd,
+        text=True,
+        preexec_fn=_restore_sigint,
+        **kwargs,
+    )
 
 
 def _running_recipe(data: Path, **overrides: Any) -> dict[str, Any]:
@@ -44,13 +61,15 @@ def running_job(
     tmp_path: Path, recipe: dict[str, Any]
 ) -> Iterator[tuple[JobDir, subprocess.Popen[str]]]:
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    proc = start_launch(tmp_path, "recipe.yaml")
+    proc = msd_popen(
+        "launch", "recipe.yaml", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         job = JobDir(_wait_job(tmp_path, proc))
         yield job, proc
     finally:
         if proc.poll() is None:
-            proc.send_signal(2)
+            proc.send_signal(signal.SIGINT)
             with suppress(subprocess.TimeoutExpired):
                 proc.wait(20)
         if proc.poll() is None:
@@ -59,6 +78,10 @@ def running_job(
         for child in processes_of_launcher(proc.pid):
             with suppress(psutil.NoSuchProcess):
                 child.kill()
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def _wait_job(tmp_path: Path, proc: subprocess.Popen[str]) -> Path:
@@ -113,15 +136,16 @@ def test_status_json_agrees_with_what_the_trainers_received(
 def test_status_screen_and_watch_render(tmp_path: Path, small_data: Path) -> None:
     with running_job(tmp_path, _running_recipe(small_data)) as (job, _):
         screen = msd("status", str(job.root), cwd=tmp_path)
-        watch = subprocess.Popen(
-            [sys.executable, "-m", "msd.cli", "status", "--watch", "--json", "--interval", "0.3"],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(6.0)
-        watch.send_signal(2)
-        out, _ = watch.communicate(timeout=20)
+        with open(tmp_path / "watch.out", "w") as out_file:
+            watch = msd_popen(
+                "status", "--watch", "--json", "--interval", "0.3", cwd=tmp_path, stdout=out_file
+            )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and len(_lines(tmp_path / "watch.out")) < 3:
+                time.sleep(0.2)
+            watch.send_signal(signal.SIGINT)
+            watch.wait(30)
+        out = (tmp_path / "watch.out").read_text()
     assert screen.returncode == 0, screen.stderr
     for word in ("sources", "loaders", "ranks", "tokens/s", "data-wait", "web/0"):
         assert word in screen.stdout
@@ -224,18 +248,20 @@ def test_mix_at_step_changes_shares_from_that_step_and_replays(
     # a fresh run that replays the recorded history gives the same stream, byte for byte
     (second / "history.json").write_text(job.mix_history.read_text())
     (second / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    proc2 = subprocess.Popen(
-        [sys.executable, "-m", "msd.cli", "launch", "recipe.yaml", "--mix-history", "history.json"],
+    proc2 = msd_popen(
+        "launch",
+        "recipe.yaml",
+        "--mix-history",
+        "history.json",
         cwd=second,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         replay = JobDir(_wait_job(second, proc2))
         _wait_steps(replay, proc2, at + 12)
     finally:
-        proc2.send_signal(2)
+        proc2.send_signal(signal.SIGINT)
         proc2.communicate(timeout=30)
     assert _digests(replay, at + 12) == _digests(job, at + 12)
     assert json.loads(replay.mix_history.read_text()) == history
@@ -260,3 +286,45 @@ def test_metrics_endpoint_serves_prometheus_text(tmp_path: Path, small_data: Pat
         > 0
     )
     assert lines and lines[-1]["step"] > 0 and set(lines[-1]["sources"]) == {"web", "code", "books"}
+
+
+def _finite_recipe(data: Path) -> dict[str, Any]:
+    recipe = _running_recipe(data)
+    recipe["steps"] = 500
+    recipe["trainer"]["demo"]["step_ms"] = 60
+    return recipe
+
+
+def test_rescale_up_and_down_leaves_the_stream_unchanged(tmp_path: Path, small_data: Path) -> None:
+    recipe = _finite_recipe(small_data)
+    plain, scaled = tmp_path / "plain", tmp_path / "scaled"
+    plain.mkdir()
+    scaled.mkdir()
+    (plain / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    reference = msd_popen(
+        "launch", "recipe.yaml", cwd=plain, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert reference.wait(300) == 0, reference.communicate()
+    with running_job(scaled, recipe) as (job, proc):
+        up = msd("rescale", str(job.root), "--source", "web", "--loaders", "3", cwd=scaled)
+        down = msd("rescale", str(job.root), "--source", "web", "--loaders", "1", cwd=scaled)
+        code = msd("rescale", str(job.root), "--source", "code", "--loaders", "1", cwd=scaled)
+        mid_run = request(job, StatusRequest(), Status).view
+        assert proc.wait(300) == 0, proc.communicate()
+        left = processes_of_launcher(proc.pid)
+    for result in (up, down, code):
+        assert result.returncode == 0, result.stderr
+    assert mid_run.job.step < 500, "the rescales finished after the run: make it longer"
+    (ref_job,) = plain.glob("runs/*")
+    assert _digests(job, 500) == _digests(JobDir(ref_job), 500)
+    assert all(len(v) == 500 for v in _digests(job, 500).values())
+    generations = json.loads(job.rescales.read_text())["generations"]
+    assert [(g["source"], g["generation"], g["loaders"]) for g in generations] == [
+        ("web", 1, 3),
+        ("web", 2, 1),
+        ("code", 1, 1),
+    ]
+    assert all(g["start"] is not None for g in generations)
+    retired = {p.name for p in (job.root / "retired").iterdir()}
+    assert {"web-0", "web-1", "code-0", "code-1"} <= retired
+    assert left == []

@@ -119,3 +119,37 @@ def test_msd_stop_leaves_no_job_and_no_process(slurm_cluster, small_data, tmp_pa
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_rescale_on_slurm_submits_new_loader_jobs_and_keeps_the_stream(
+    slurm_cluster, small_data, tmp_path
+):
+    for cluster in ("local", "slurm"):
+        r = recipe(small_data, cluster, steps=300)
+        r["name"] = cluster
+        r["trainer"]["demo"]["step_ms"] = 60
+        (tmp_path / f"{cluster}.yaml").write_text(yaml.safe_dump(r))
+    local = msd("launch", "local.yaml", cwd=tmp_path)
+    assert local.returncode == 0, local.stderr
+    launcher = start_launch(tmp_path, "slurm.yaml")
+    try:
+        log = wait_for_file(tmp_path, "runs/slurm-*/trainer/rank-0.jsonl", launcher, lines=5)
+        root = log.parent.parent
+        scaled = msd("rescale", str(root), "--source", "web", "--loaders", "1", cwd=tmp_path)
+        status = msd("status", str(root), "--json", cwd=tmp_path)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert scaled.returncode == 0, scaled.stderr
+    assert launcher.returncode == 0, out + err
+    view = json.loads(status.stdout)
+    assert view["cluster"] == "slurm" and view["job"]["step"] < 300
+    assert {j["role"] for j in view["slurm"]} >= {"planner planner", "trainer trainer"}
+    jobs = json.loads((root / "job.json").read_text())["slurm_jobs"]
+    assert "loader web@1/0" in jobs, "the new loader is a new SLURM job"
+    assert {p.name for p in (root / "retired").iterdir()} >= {"web-0", "web-1"}
+    slurm_logs, local_logs = read_rank_logs(root), read_rank_logs(job_folder(tmp_path, "local"))
+    for rank in range(4):
+        assert [r["digest"] for r in slurm_logs[rank]] == [r["digest"] for r in local_logs[rank]]
+    assert not set(jobs.values()) & set(squeue_ids())

@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from msd.plan.partition import Shard, find_process, loader_processes
+from msd.plan.partition import Generation, Shard, find_process, generations, loader_processes, span
 from msd.plan.schedule import constant, peak_shares, schedule_of
 from msd.recipe.schema import Recipe
-from msd.roles.loader import _Visit, shard_budgets
+from msd.roles.loader import _Visit, shard_budget
 
 
 def recipe_with(loaders: list[int], per_process: int, **extra: Any) -> Recipe:
@@ -70,9 +70,11 @@ def test_peak_shares_look_at_every_milestone() -> None:
 def test_budgets_follow_the_largest_share_and_hold_a_row() -> None:
     recipe = recipe_with([1, 2, 1, 1], per_process=1, loader={"buffer_tokens": 4000})
     # shares 1/4 each: 1000 tokens; the source with 2 shards splits its part
-    assert shard_budgets(recipe) == (1000, 500, 1000, 1000)
+    budgets = [shard_budget(recipe, s, src.loaders) for s, src in enumerate(recipe.sources)]
+    assert budgets == [1000, 500, 1000, 1000]
+    assert shard_budget(recipe, 1, 4) == 250  # a rescale to 4 loaders shares it out again
     tiny = recipe_with([1] * 100, per_process=1, loader={"buffer_tokens": 1000})
-    assert set(shard_budgets(tiny)) == {64}  # never below one row (seq_len)
+    assert shard_budget(tiny, 7, 1) == 64  # never below one row (seq_len)
 
 
 def read_all(visit: _Visit, budget: int) -> list[tuple[int, int, bytes]]:
@@ -112,3 +114,34 @@ def test_a_visit_reads_its_rows_in_order_holding_one_window(
     assert max(held) < 4096 + 400 + 8 * 500  # a window's text (and offsets), never the block
     assert visit.reads == windows  # read again for each window
     assert read_all(_Visit.of(0, 0, rows, read(), read), 333) == expected
+
+
+def test_rescales_add_processes_and_split_the_visits_once() -> None:
+    recipe = recipe_with([2, 1, 1], per_process=2)
+    rescales = (Generation(0, 1, 3, 10), Generation(0, 2, 1, None), Generation(2, 1, 2, 7))
+    names = [p.name for p in loader_processes(recipe, rescales)]
+    assert names == [
+        "s0/0",
+        "s0/1",
+        "s1+1",
+        "s0@1/0",
+        "s0@1/1",
+        "s0@1/2",
+        "s0@2/0",
+        "s2@1/0",
+        "s2@1/1",
+    ]
+    assert find_process(recipe, "s0@1/2", rescales).shards == (Shard(0, 2, 1),)
+    table = generations(recipe, rescales)
+    assert span(table, Shard(0, 1)) == (0, 10, 2)
+    assert span(table, Shard(0, 2, 1)) == (10, None, 3)  # generation 2 is not cut in yet
+    assert span(table, Shard(0, 0, 2)) == (None, None, 1)
+    assert span(table, Shard(2, 0)) == (0, 7, 1)
+    # every visit of source 0 before 10 + 3k belongs to exactly one shard
+    owners: dict[int, list[tuple[int, int]]] = {}
+    for shard in [Shard(0, 0), Shard(0, 1), Shard(0, 0, 1), Shard(0, 1, 1), Shard(0, 2, 1)]:
+        start, stop, stride = span(table, shard)
+        assert start is not None
+        for v in range(start + shard.index, 40 if stop is None else stop, stride):
+            owners.setdefault(v, []).append((shard.generation, shard.index))
+    assert sorted(owners) == list(range(40)) and all(len(o) == 1 for o in owners.values())

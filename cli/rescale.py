@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from msd.control.client import request
+from msd.control.rescales import load_rescales
+from msd.errors import LaunchError
+from msd.jobdir import JobDir
+from msd.wire.protocol import Rescale, Rescaling
+
+from .common import console, user_errors
+
+
+@user_errors
+def rescale(
+    job: Annotated[Path, typer.Argument(help="The job folder.")],
+    source: Annotated[str, typer.Option(help="The source whose loaders change.")],
+    loaders: Annotated[int, typer.Option(help="Loader processes for it from now on.")],
+    wait: Annotated[
+        bool, typer.Option(help="Wait until the new loaders read (--no-wait: return at once).")
+    ] = True,
+    timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 120.0,
+) -> None:
+    """Start or retire loaders of one source while the job runs; the stream does not change."""
+    folder = JobDir(job)
+    if not folder.job_json.exists():
+        raise LaunchError(f"{job} is not an msd job folder (no job.json)")
+    if loaders < 1:
+        raise LaunchError(f"--loaders must be at least 1, got {loaders}")
+    reply: Rescaling = request(folder, Rescale(source=source, loaders=loaders), Rescaling)
+    console.print(
+        f"{source}: generation {reply.generation} of {reply.loaders} loader(s) is starting"
+    )
+    if not wait:
+        return
+    recipe = folder.recipe()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for g in load_rescales(folder.rescales, recipe):
+            ours = recipe.sources[g.source].name == source and g.number == reply.generation
+            if ours and g.start is not None:
+                console.print(f"{source}: generation {g.number} reads from visit {g.start}")
+                return
+        time.sleep(0.2)
+    raise LaunchError(
+        f"generation {reply.generation} of {source} did not start within {timeout_s:.0f} s; "
+        f"see {folder.logs}"
+    )
