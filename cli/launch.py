@@ -13,6 +13,7 @@ from rich.text import Text
 
 from msd.control.history import load_history
 from msd.errors import LaunchError
+from msd.launch.autopartition import plan_loaders, resolve
 from msd.launch.check import check_sources
 from msd.launch.local import INTERRUPTED, LocalJob, summary
 from msd.launch.slurm import SlurmJob
@@ -95,6 +96,13 @@ def launch(
     if chosen not in ("local", "slurm"):
         raise LaunchError(f"--cluster must be local or slurm, got {chosen!r}")
     check_sources(parsed, recipe)
+    if any(s.loaders == "auto" for s in parsed.sources):
+        auto = plan_loaders(parsed)
+        parsed = resolve(parsed, auto)
+        if not json_out:
+            shown = ", ".join(f"{s.name} {s.loaders}" for s in parsed.sources)
+            groups = "; ".join("+".join(g) for g in parsed.loader.groups) or "none"
+            console.print(f"loaders (auto, {auto.cpus} CPUs): {shown}; shared: {groups}")
     if dry_run:
         _print_submissions(parsed, json_out)
         return

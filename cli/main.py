@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from . import init, launch, ls, mix, report, rescale, sidecar, status, stop, synth, validate
+from . import (
+    init,
+    launch,
+    ls,
+    mix,
+    plan,
+    report,
+    rescale,
+    sidecar,
+    status,
+    stop,
+    synth,
+    validate,
+)
 
 app = typer.Typer(
     name="msd",
@@ -16,6 +29,7 @@ app = typer.Typer(
 app.command("synth")(synth.synth)
 app.command("init")(init.init)
 app.command("validate")(validate.validate)
+app.command("plan")(plan.plan)
 app.command("launch")(launch.launch)
 app.command("stop")(stop.stop)
 app.command("status")(status.status)

@@ -27,6 +27,8 @@ def write_rescales(path: Path, recipe: Recipe, rescales: Sequence[Generation]) -
             "generation": g.number,
             "loaders": g.loaders,
             "start": g.start,
+            "decided_at": g.decided_at,
+            "reason": g.reason,
         }
         for g in rescales
     ]
@@ -48,6 +50,8 @@ def load_rescales(path: Path, recipe: Recipe) -> tuple[Generation, ...]:
                 int(e["generation"]),
                 int(e["loaders"]),
                 None if e["start"] is None else int(e["start"]),
+                e.get("decided_at"),
+                str(e.get("reason", "")),
             )
             for e in data["generations"]
         )

@@ -68,6 +68,28 @@ class JobObserver:
     def on_hello(self, key: str, hello: Hello) -> None:
         self.roles[key] = _Role(hello)
 
+    def source_totals(self, sources: int) -> np.ndarray:
+        """Per source, summed over its live loaders: samples read, tokens read, busy seconds."""
+        totals = np.zeros((sources, 3))
+        for role in self.roles.values():
+            for load in role.last.sources if role.last else ():
+                totals[load.source] += (load.samples_read, load.tokens_read, load.busy_s)
+        return totals
+
+    def trainer_pace(self, window_s: float = 3.0) -> float:
+        """Steps per second the trainers would take if no step waited for data (over the
+        last seconds: start-up is not the trainers' pace)."""
+        if len(self.totals) < 2:
+            return 0.0
+        last = self.totals[-1]
+        first = next((t for t in self.totals if last.at - t.at <= window_s), last)
+        if last.at - first.at < 1.0:
+            return 0.0
+        rate = (last.consumed - first.consumed) / (last.at - first.at)
+        recent = list(self.waits_s)[-200:]
+        wait = sum(recent) / len(recent) if recent else 0.0
+        return rate / max(0.05, 1.0 - rate * wait)
+
     def on_retired(self, key: str) -> None:
         self.roles.pop(key, None)
 

@@ -21,7 +21,7 @@ class SourceSummary:
     rows: int
     column: str
     weight: float
-    loaders: int
+    loaders: int | str
 
 
 def check_sources(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from msd.errors import LaunchError
 from msd.recipe.schema import Recipe
 
 
@@ -32,6 +33,8 @@ class Generation:
     number: int
     loaders: int
     start: int | None
+    decided_at: int | None = None  # the step every rank had consumed when it was decided
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,20 @@ def loader_name(source: str, index: int, generation: int = 0) -> str:
     return f"{source}/{index}" if generation == 0 else f"{source}@{generation}/{index}"
 
 
+def loaders_of(recipe: Recipe, source: int) -> int:
+    """The recipe's loaders for a source; ``auto`` is resolved at launch (``msd plan``)."""
+    loaders = recipe.sources[source].loaders
+    if loaders == "auto":
+        raise LaunchError(
+            f"sources[{source}].loaders is auto: resolve it first (msd launch does; "
+            "msd plan shows how)"
+        )
+    return loaders
+
+
 def generations(recipe: Recipe, rescales: Sequence[Generation] = ()) -> list[list[Generation]]:
     """Every source's generations, in order: the recipe's, then its rescales."""
-    table = [[Generation(s, 0, src.loaders, 0)] for s, src in enumerate(recipe.sources)]
+    table = [[Generation(s, 0, loaders_of(recipe, s), 0)] for s in range(len(recipe.sources))]
     for g in rescales:
         table[g.source].append(g)
     return table
@@ -79,6 +93,8 @@ def loader_processes(
     """Every loader process of the job, in a fixed order: the recipe's (each source's first
     shard in recipe order), then each rescale's."""
     per_process = max(1, recipe.loader.sources_per_process)
+    names = [s.name for s in recipe.sources]
+    grouped = {names.index(n): g for g, group in enumerate(recipe.loader.groups) for n in group}
     processes: list[LoaderProcess] = []
     group: list[int] = []
 
@@ -88,11 +104,17 @@ def loader_processes(
             group.clear()
 
     for s, source in enumerate(recipe.sources):
-        if source.loaders > 1 or per_process == 1:
+        loaders = loaders_of(recipe, s)
+        if s in grouped:
+            if s == min(i for i, g in grouped.items() if g == grouped[s]):  # the group's first
+                close_group()
+                members = tuple(sorted(i for i, g in grouped.items() if g == grouped[s]))
+                processes.append(_shared(recipe, members))
+            continue
+        if loaders > 1 or per_process == 1:
             close_group()
             processes += [
-                LoaderProcess(loader_name(source.name, i), (Shard(s, i),))
-                for i in range(source.loaders)
+                LoaderProcess(loader_name(source.name, i), (Shard(s, i),)) for i in range(loaders)
             ]
             continue
         group.append(s)

@@ -71,7 +71,11 @@ def _check_source(key: str, source: Source) -> list[Problem]:
         problems.append(Problem(f"{key}.path", "is empty; set a glob of Parquet files"))
     problems += _check_columns(key, source)
     problems += _check_transform(f"{key}.transform", source.transform)
-    return problems + _at_least(f"{key}.loaders", source.loaders, 1, "use at least 1 loader")
+    if source.loaders == "auto":
+        return problems
+    return problems + _at_least(
+        f"{key}.loaders", source.loaders, 1, "use at least 1 loader or auto"
+    )
 
 
 def _finite_at_least_0(key: str, value: float, fix: str) -> list[Problem]:
@@ -164,6 +168,29 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     problems += _at_least("loader.sources_per_process", per_process, 1, fix)
     prefetch = recipe.constructor.prefetch_steps
     problems += _at_least("constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step")
+    problems += _check_groups(recipe)
+    if recipe.loader.cpus is not None:
+        fix = "give the loaders at least one process"
+        problems += _at_least("loader.cpus", recipe.loader.cpus, 1, fix)
+    auto = recipe.loader.autoscale
+    if auto.max_loaders is not None:
+        fix = "allow at least one loader per source"
+        problems += _at_least(
+            "loader.autoscale.max_loaders", auto.max_loaders, len(recipe.sources), fix
+        )
+    problems += _finite_at_least_0(
+        "loader.autoscale.lead_s", auto.lead_s, "look a few seconds ahead"
+    )
+    if not 0 < auto.headroom <= 1:
+        fix = "plan on a share of a loader's capacity, e.g. 0.7"
+        problems.append(
+            Problem("loader.autoscale.headroom", f"must be in (0, 1], got {auto.headroom}; {fix}")
+        )
+    if not (math.isfinite(auto.every_s) and auto.every_s > 0):
+        fix = "decide every few seconds, e.g. 2"
+        problems.append(
+            Problem("loader.autoscale.every_s", f"must be > 0, got {auto.every_s}; {fix}")
+        )
     port = recipe.metrics.port
     if port is not None and not 0 <= port <= 65535:
         fix = "use a port from 1 to 65535, 0 for any free port, or null for none"
@@ -172,6 +199,29 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     if not (math.isfinite(every) and every > 0):
         fix = "write a line every few seconds, e.g. 5"
         problems.append(Problem("metrics.every_s", f"must be a number > 0, got {every}; {fix}"))
+    return problems
+
+
+def _check_groups(recipe: Recipe) -> list[Problem]:
+    """Each grouped source exists, is in one group, and has ``loaders: 1``."""
+    names = {s.name: s for s in recipe.sources}
+    seen: set[str] = set()
+    problems = []
+    for g, group in enumerate(recipe.loader.groups):
+        for name in group:
+            where = f"loader.groups[{g}]"
+            if name not in names:
+                problems.append(Problem(where, f"names {name!r}, not a source of this recipe"))
+            elif name in seen:
+                problems.append(Problem(where, f"names {name!r} again; a source is in one group"))
+            elif names[name].loaders != 1:
+                fix = "a shared process serves sources with loaders: 1"
+                problems.append(
+                    Problem(
+                        where, f"names {name!r}, which has loaders: {names[name].loaders}; {fix}"
+                    )
+                )
+            seen.add(name)
     return problems
 
 

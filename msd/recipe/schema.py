@@ -37,7 +37,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     token_column: str | None = None
     transform: Transform = Transform()
     repeat: bool = True
-    loaders: int = 1
+    loaders: int | Literal["auto"] = 1
 
 
 class Distribute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -93,6 +93,23 @@ class Balance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     long_samples: Literal["split", "truncate", "drop"] = "split"
 
 
+class Autoscale(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The Planner starts and retires loaders as each source's demand (its share of the mix,
+    looked ``lead_s`` seconds ahead, times the trainers' pace) meets what its loaders were
+    measured to supply; the stream does not change.
+
+    max_loaders: loader processes in all (default: the Planner's node's CPUs).
+    headroom: the share of a loader's measured capacity to plan on.
+    every_s: seconds between decisions.
+    """
+
+    enabled: bool = False
+    max_loaders: int | None = None
+    lead_s: float = 10.0
+    headroom: float = 0.7
+    every_s: float = 2.0
+
+
 class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Knobs shared by every Source Loader.
 
@@ -102,11 +119,18 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         ``prefetch_steps + 4`` global batches (a few MB: tokens are small next to row groups).
     sources_per_process: how many sources with ``loaders: 1`` one loader process serves (in
         recipe order), so many light sources do not mean as many processes.
+    cpus: the loader processes that sources with ``loaders: auto`` share (default: this
+        machine's CPUs); ``msd plan`` shows how they are shared out.
+    groups: sources (by name) that share one loader process each; ``loaders: auto`` writes
+        them into the job's recipe.
     """
 
     block_row_groups: int = 1
     buffer_tokens: int | None = None
     sources_per_process: int = 1
+    cpus: int | None = None
+    groups: tuple[tuple[str, ...], ...] = ()
+    autoscale: Autoscale = Autoscale()
 
 
 class ConstructorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

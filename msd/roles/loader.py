@@ -53,9 +53,11 @@ from msd.wire.protocol import (
     Welcome,
 )
 
-# Text bytes tokenized per loop turn: small enough that Routes are answered within
-# milliseconds even with a slow tokenizer, large enough that per-message costs stay small.
+# Text bytes tokenized per loop turn, at most: large enough that per-message costs stay small.
 CHUNK_BYTES = 64 * 1024
+# ... and fewer with a slow tokenizer: a turn takes about this long, so Routes (the payloads
+# trainers wait for) are answered within milliseconds whatever the tokenizer costs.
+CHUNK_SECONDS = 0.005
 # Of an open block, a loader holds a window of about this much text (in visiting order).
 WINDOW_BYTES = 256 * 1024
 # Open Parquet files a loader process keeps (an LRU shared by its shards).
@@ -184,7 +186,8 @@ class SourceShard:
         self.next_v = None if start is None else start + self.index
         self.frozen = False
         self.reader = reader
-        self.budget = shard_budget(recipe, shard.source, self.stride)
+        self.mix_budget = shard_budget(recipe, shard.source, self.stride)
+        self.block_rows = max(b.num_rows for b in self.blocks)
         self._order: EpochOrder | None = None
         self.visit: _Visit | None = None
         self.want = -1
@@ -193,6 +196,8 @@ class SourceShard:
         self.filling = True
         self.samples_read = 0
         self.tokens_read = 0
+        self.busy_s = 0.0
+        self.chunk_bytes = 4096  # then CHUNK_SECONDS of tokenizing, up to CHUNK_BYTES
 
     @property
     def upcoming(self) -> tuple[EpochOrder, int] | None:
@@ -248,6 +253,17 @@ class SourceShard:
         return position is not None and position <= self.want
 
     @property
+    def budget(self) -> int:
+        """Tokens this shard may hold unrouted: its share of the read-ahead; and, when it has
+        sibling shards, two blocks' worth: the trainers consume a source visit by visit, so
+        each shard must hold the visit being consumed and read its next one whole while the
+        others' visits are consumed, or the source is only ever as fast as one loader."""
+        if self.stride == 1 or not self.samples_read:
+            return self.mix_budget
+        block_tokens = int(self.block_rows * self.tokens_read / self.samples_read)
+        return max(self.mix_budget, 2 * block_tokens)
+
+    @property
     def fill(self) -> float:
         """How full the read-ahead is (the emptiest hungry shard reads first)."""
         return self.held_tokens / self.budget
@@ -270,9 +286,14 @@ class SourceShard:
             if self.visit is None:
                 return None
         visit = self.visit
-        room = CHUNK_BYTES if self.waited_for else self.budget - self.held_tokens
-        start, rows, text = visit.next_chunk(min(CHUNK_BYTES, room))
+        room = self.chunk_bytes if self.waited_for else self.budget - self.held_tokens
+        start, rows, text = visit.next_chunk(min(self.chunk_bytes, room))
+        started = time.perf_counter()
         tokens = self.tokenize(text)
+        per_byte = (time.perf_counter() - started) / max(
+            1, int(visit.sizes[start : start + len(tokens)].sum())
+        )
+        self.chunk_bytes = int(min(CHUNK_BYTES, max(1, CHUNK_SECONDS / max(per_byte, 1e-12))))
         gpos_start = visit.gpos_start + start
         if visit.done:
             self.visit = None
@@ -290,7 +311,12 @@ class SourceShard:
 
     def load(self) -> SourceLoad:
         return SourceLoad(
-            self.source, self.samples_read, self.tokens_read, len(self.held), self.held_tokens
+            self.source,
+            self.samples_read,
+            self.tokens_read,
+            len(self.held),
+            self.held_tokens,
+            busy_s=self.busy_s,
         )
 
     def forget(self, gpos: int) -> None:
@@ -353,7 +379,9 @@ class Loader:
                 if not self._handle(*transport.recv(self.planner)[1:]):
                     return
             if shard is not None:
+                started = time.perf_counter()
                 meta = shard.read_next()
+                shard.busy_s += time.perf_counter() - started
                 if meta is not None:
                     transport.send(self.planner, meta)
 

@@ -7,6 +7,7 @@ send which payload, and stays at most ``prefetch_steps`` ahead of the slowest tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from msd.control.rescales import load_rescales, write_rescales
 from msd.control.view import JobObserver, metrics_line
 from msd.errors import MsdError, ProtocolError
 from msd.jobdir import JobDir
+from msd.plan import autoscale
 from msd.plan.cost import CostModel
 from msd.plan.lifecycle import SampleGraph
 from msd.plan.partition import Generation, generations, loader_processes
@@ -111,6 +113,18 @@ class Planner:
         self.expected_loaders = len(loader_processes(recipe))
         self.rescales = list(load_rescales(job.rescales, recipe))
         self.cut_at: dict[int, dict[bytes, int | None]] = {}  # source → its current shards' replies
+        auto = recipe.loader.autoscale
+        self.autoscale = (
+            autoscale.Settings(
+                max_loaders=auto.max_loaders or os.cpu_count() or 1,
+                lead_s=auto.lead_s,
+                headroom=auto.headroom,
+            )
+            if auto.enabled
+            else None
+        )
+        self.low_for = [0] * len(recipe.sources)
+        self.next_scale = 0.0
         self.loaders: dict[str, Peer] = {}
         self.constructors: list[Peer] = []
         self.topology = topology_of(recipe)
@@ -159,6 +173,9 @@ class Planner:
                 self._plan_ahead()
             if time.monotonic() >= self.next_tick:
                 self._tick()
+            if self.autoscale is not None and self.running and time.monotonic() >= self.next_scale:
+                self.next_scale = time.monotonic() + self.recipe.loader.autoscale.every_s
+                self._autoscale()
 
     def _drain(self) -> bool:
         """Handle every queued message; False once the job is told to stop."""
@@ -418,23 +435,70 @@ class Planner:
             return Refused(reason=f"no source named {msg.source!r} (sources: {', '.join(names)})")
         if not 1 <= msg.loaders <= 256:
             return Refused(reason=f"--loaders must be from 1 to 256, got {msg.loaders}")
-        source = names.index(msg.source)
+        new = self._new_generation(names.index(msg.source), msg.loaders, "msd rescale")
+        if isinstance(new, str):
+            return Refused(reason=new)
+        return Rescaling(source=msg.source, generation=new.number, loaders=msg.loaders)
+
+    def _new_generation(self, source: int, loaders: int, reason: str) -> Generation | str:
+        """Record a new generation of a source's loaders (the launcher starts them); a reason
+        it cannot be, otherwise."""
+        name = self.recipe.sources[source].name
         gens = generations(self.recipe, self.rescales)[source]
         if gens[-1].start is None:
-            return Refused(
-                reason=f"{msg.source} is being rescaled already (generation "
-                f"{gens[-1].number}); wait until it is done"
-            )
-        new = Generation(source, len(gens), msg.loaders, None)
+            return f"{name} is being rescaled already (generation {gens[-1].number}); wait"
+        new = Generation(source, len(gens), loaders, None, self.consumed, reason)
         try:
             write_rescales(self.job.rescales, self.recipe, [*self.rescales, new])
         except OSError as exc:
-            return Refused(reason=f"cannot record the rescale in {self.job.rescales}: {exc}")
+            return f"cannot record the rescale in {self.job.rescales}: {exc}"
         self.rescales.append(new)
         print(
-            f"planner: {msg.source} → {msg.loaders} loaders (generation {new.number})", flush=True
+            f"planner: {name} → {loaders} loaders (generation {new.number}, {reason})", flush=True
         )
-        return Rescaling(source=msg.source, generation=new.number, loaders=msg.loaders)
+        return new
+
+    def _autoscale(self) -> None:
+        """Give each source the loaders its demand over the next seconds needs."""
+        assert self.autoscale is not None
+        pace = self.observer.trainer_pace()
+        if pace <= 0:
+            return
+        table = generations(self.recipe, self.rescales)
+        totals = self.observer.source_totals(len(self.recipe.sources))
+        loads = []
+        for s, (samples, tokens, busy) in enumerate(totals):
+            current = next(g for g in reversed(table[s]) if g.start is not None)
+            loads.append(
+                autoscale.SourceLoad(
+                    current.loaders,
+                    tokens / samples if samples else None,
+                    tokens / busy if busy > 0.5 else None,  # half a second busy: measured
+                )
+            )
+        needs = autoscale.needed_loaders(
+            self.spec.schedule,
+            loads,
+            self.consumed,
+            pace,
+            self.recipe.global_batch_tokens,
+            self.autoscale,
+        )
+        counts = [None if n is None else n.loaders for n in needs]
+        self.low_for = [
+            low + 1 if need is not None and need < load.loaders else 0
+            for low, need, load in zip(self.low_for, counts, loads, strict=True)
+        ]
+        targets = autoscale.decide(loads, counts, self.low_for, self.autoscale)
+        for s, (target, load, need) in enumerate(zip(targets, loads, needs, strict=True)):
+            if target != load.loaders and table[s][-1].start is not None and need is not None:
+                why = (
+                    f"autoscale: {need.demand:,.0f} tokens/s needed within "
+                    f"{self.autoscale.lead_s:g} s (pace {pace:.1f} steps/s), "
+                    f"{need.per_loader:,.0f} per loader"
+                )
+                if not isinstance(self._new_generation(s, target, why), str):
+                    self.low_for[s] = 0
 
     def _generation_peers(self, source: int, number: int) -> list[Peer]:
         return [
@@ -472,7 +536,7 @@ class Planner:
             i for i, g in enumerate(self.rescales) if g.source == msg.source and g.start is None
         )
         g = self.rescales[index]
-        self.rescales[index] = Generation(g.source, g.number, g.loaders, start)
+        self.rescales[index] = dataclasses.replace(g, start=start)
         write_rescales(self.job.rescales, self.recipe, self.rescales)
         for p in self.loaders.values():
             if msg.source in p.hello.sources:

@@ -224,6 +224,7 @@ class SourceLoad(msgspec.Struct, frozen=True, array_like=True):
     held_samples: int
     held_tokens: int
     errors: int = 0
+    busy_s: float = 0.0  # wall time spent reading and tokenizing it
 
 
 class RankLoad(msgspec.Struct, frozen=True, array_like=True):

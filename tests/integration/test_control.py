@@ -328,3 +328,30 @@ def test_rescale_up_and_down_leaves_the_stream_unchanged(tmp_path: Path, small_d
     retired = {p.name for p in (job.root / "retired").iterdir()}
     assert {"web-0", "web-1", "code-0", "code-1"} <= retired
     assert left == []
+
+
+def test_loaders_auto_is_planned_from_measured_cost_and_keeps_the_stream(
+    tmp_path: Path, small_data: Path
+) -> None:
+    fixed = base_recipe(small_data, steps=40)
+    auto = base_recipe(small_data, steps=40)
+    for s in auto["sources"]:
+        s["loaders"] = "auto"
+    auto["loader"] = {"cpus": 2}
+    (tmp_path / "fixed.yaml").write_text(yaml.safe_dump({**fixed, "name": "fixed"}))
+    (tmp_path / "auto.yaml").write_text(yaml.safe_dump({**auto, "name": "auto"}))
+    planned = msd("plan", "auto.yaml", "--json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["cpus"] == 2 and [r["source"] for r in plan["sources"]] == ["web", "code", "books"]
+    assert all(r["us_per_token"] > 0 and r["profiled_samples"] > 0 for r in plan["sources"])
+    assert sum(r["loader_time_share"] for r in plan["sources"]) == pytest.approx(1.0, abs=1e-3)
+    for name in ("fixed", "auto"):
+        result = msd("launch", f"{name}.yaml", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert "loaders (auto, 2 CPUs)" in result.stdout
+    (fixed_job,) = tmp_path.glob("runs/fixed-*")
+    (auto_job,) = tmp_path.glob("runs/auto-*")
+    resolved = json.loads((auto_job / "recipe.json").read_text())
+    assert all(isinstance(s["loaders"], int) for s in resolved["sources"])
+    assert _digests(JobDir(auto_job), 40) == _digests(JobDir(fixed_job), 40)

@@ -255,7 +255,8 @@ CHECKS = [
      "sources[0].token_column: is set together with text_column; keep only one"),
     ({"sources": src(text_column="")},
      "sources[0].text_column: is empty; name a column of the Parquet files"),
-    ({"sources": src(loaders=0)}, "sources[0].loaders: must be >= 1, got 0; use at least 1 loader"),
+    ({"sources": src(loaders=0)},
+     "sources[0].loaders: must be >= 1, got 0; use at least 1 loader or auto"),
     ({"sources": transform(kind="tokenizer")},
      "sources[0].transform.path: is required for kind tokenizer; "
      "set path to a HuggingFace tokenizer.json"),

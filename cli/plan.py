@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from msd.launch.autopartition import AutoPlan, plan_loaders
+from msd.launch.check import check_sources
+from msd.recipe.load import load_recipe
+from msd.recipe.schema import Recipe
+
+from .common import console, user_errors
+
+
+def plan_rows(recipe: Recipe, plan: AutoPlan) -> list[dict[str, object]]:
+    chosen = plan.auto or tuple(range(len(recipe.sources)))
+    rows = []
+    for i, source in enumerate(recipe.sources):
+        p = plan.profiles[i]
+        row: dict[str, object] = {
+            "source": source.name,
+            "recipe_loaders": source.loaders,
+            "peak_token_share": round(plan.token_shares[i], 4),
+            "tokens_per_sample": round(p.tokens_per_sample, 1),
+            "us_per_token": round(1e6 * p.seconds_per_token, 3),
+            "profiled_samples": p.samples,
+        }
+        if i in chosen:
+            k = chosen.index(i)
+            group = next((g for g, m in enumerate(plan.allocation.groups) if k in m), None)
+            row["loaders"] = plan.allocation.loaders[k] or None
+            row["shared_process"] = group
+            row["loader_time_share"] = round(plan.allocation.need[k], 4)
+            row["why"] = plan.allocation.reason[k]
+        rows.append(row)
+    return rows
+
+
+@user_errors
+def plan(
+    recipe: Annotated[Path, typer.Argument(help="The recipe YAML file.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Profile each source briefly and show how ``loaders: auto`` shares the loader processes."""
+    parsed = load_recipe(recipe)
+    check_sources(parsed, recipe)
+    result = plan_loaders(parsed)
+    rows = plan_rows(parsed, result)
+    processes = sum(result.allocation.loaders) + len(result.allocation.groups)
+    if json_out:
+        print(json.dumps({"cpus": result.cpus, "processes": processes, "sources": rows}, indent=2))
+        return
+    scope = "sources with loaders: auto" if result.auto else "every source (none is auto)"
+    table = Table(title=f"{result.cpus} loader CPUs over {scope}: {processes} processes")
+    for column in (
+        "source",
+        "share of tokens",
+        "tokens/sample",
+        "µs/token",
+        "loader time",
+        "loaders",
+        "why",
+    ):
+        table.add_column(column, justify="left" if column in ("source", "why") else "right")
+    for row in rows:
+        table.add_row(
+            str(row["source"]),
+            f"{row['peak_token_share']:.3f}",
+            f"{row['tokens_per_sample']:.0f}",
+            f"{row['us_per_token']:.2f}",
+            f"{row.get('loader_time_share', 0):.1%}" if "why" in row else "-",
+            str(row.get("loaders") or ("shared" if "why" in row else row["recipe_loaders"])),
+            str(row.get("why", f"fixed in the recipe: {row['recipe_loaders']}")),
+        )
+    console.print(table)

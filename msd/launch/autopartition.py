@@ -1,0 +1,68 @@
+"""``loaders: auto`` at launch: profile the sources, share the loader processes out, and write
+the result into the job's recipe (``loaders`` per source, ``loader.groups``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import msgspec
+
+from msd.plan.autopartition import Allocation, allocate
+from msd.plan.schedule import schedule_of
+from msd.recipe.schema import LoaderOptions, Recipe, Source
+from msd.sources.profile import SourceProfile, profile_source
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """What ``msd plan`` prints: each source's profile, peak token share and allocation
+    (over the sources with ``loaders: auto``; the others keep theirs)."""
+
+    auto: tuple[int, ...]
+    profiles: tuple[SourceProfile, ...]
+    token_shares: tuple[float, ...]
+    cpus: int
+    allocation: Allocation
+
+
+def peak_token_shares(recipe: Recipe, lengths: list[float]) -> tuple[float, ...]:
+    """Each source's largest share of a step's tokens over the schedule."""
+    schedule = schedule_of(recipe)
+    peaks = [0.0] * len(lengths)
+    for step in schedule.breakpoints():
+        weights = schedule.weights_at(step)
+        tokens = [w * n for w, n in zip(weights, lengths, strict=True)]
+        total = sum(tokens) or 1.0
+        peaks = [max(p, t / total) for p, t in zip(peaks, tokens, strict=True)]
+    return tuple(peaks)
+
+
+def plan_loaders(recipe: Recipe) -> AutoPlan:
+    profiles = tuple(profile_source(s, f"sources[{i}]") for i, s in enumerate(recipe.sources))
+    shares = peak_token_shares(recipe, [p.tokens_per_sample for p in profiles])
+    auto = tuple(i for i, s in enumerate(recipe.sources) if s.loaders == "auto")
+    fixed = sum(s.loaders for s in recipe.sources if s.loaders != "auto")
+    cpus = recipe.loader.cpus or os.cpu_count() or 1
+    budget = max(1, cpus - fixed) if auto else cpus
+    chosen = auto or tuple(range(len(recipe.sources)))
+    allocation = allocate(
+        [shares[i] for i in chosen], [profiles[i].seconds_per_token for i in chosen], budget
+    )
+    return AutoPlan(auto, profiles, shares, budget, allocation)
+
+
+def resolve(recipe: Recipe, plan: AutoPlan) -> Recipe:
+    """The recipe with ``loaders: auto`` replaced by the plan's numbers and groups."""
+    if not plan.auto:
+        return recipe
+    sources = list(recipe.sources)
+    groups = [tuple(recipe.sources[plan.auto[k]].name for k in g) for g in plan.allocation.groups]
+    for k, i in enumerate(plan.auto):
+        loaders = plan.allocation.loaders[k] or 1
+        sources[i] = msgspec.structs.replace(sources[i], loaders=loaders)
+    loader: LoaderOptions = msgspec.structs.replace(
+        recipe.loader, groups=(*recipe.loader.groups, *[g for g in groups if len(g) > 1])
+    )
+    resolved_sources: tuple[Source, ...] = tuple(sources)
+    return msgspec.structs.replace(recipe, sources=resolved_sources, loader=loader)

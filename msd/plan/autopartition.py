@@ -1,0 +1,62 @@
+"""``loaders: auto``: how many loader processes each source gets from a CPU budget.
+
+Each source needs loader time in proportion to its share of the tokens (its largest over the
+schedule: its sample share weighted by its mean length) times what a token costs to read and
+tokenize (measured by ``msd.sources.profile``). The budget's ``cpus`` processes are shared
+out in that proportion, at two levels: a source needing at least one whole process is heavy
+and gets several, its own (split by visits, ``msd.plan.partition``); the light ones are packed
+together, heaviest first, into processes that each carry about one process's worth, so a
+thousand light sources do not mean a thousand processes. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """``loaders[s]``: processes of heavy source s (0: it is light, in one of ``groups``);
+    ``groups``: the light sources each shared process serves; ``need[s]``: its share of the
+    loader time; ``reason[s]``: one line on why."""
+
+    loaders: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+    need: tuple[float, ...]
+    reason: tuple[str, ...]
+
+
+def allocate(
+    token_shares: Sequence[float], seconds_per_token: Sequence[float], cpus: int
+) -> Allocation:
+    work = [s * c for s, c in zip(token_shares, seconds_per_token, strict=True)]
+    total = sum(work) or 1.0
+    need = [w / total for w in work]
+    unit = 1.0 / max(1, cpus)  # one process's share of the loader time
+    heavy = [s for s, n in enumerate(need) if n >= unit]
+    light = sorted((s for s, n in enumerate(need) if n < unit), key=lambda s: (-need[s], s))
+    loaders = [0] * len(need)
+    reason = [""] * len(need)
+    for s in heavy:
+        loaders[s] = max(1, round(need[s] / unit))
+        reason[s] = f"{need[s]:.0%} of the loader time: {loaders[s]} process(es) of its own"
+    groups: list[list[int]] = []
+    loads: list[float] = []
+    for s in light:  # first fit, heaviest first
+        for g, load in enumerate(loads):
+            if load + need[s] <= unit * 1.0001:
+                groups[g].append(s)
+                loads[g] += need[s]
+                break
+        else:
+            groups.append([s])
+            loads.append(need[s])
+    for g, members in enumerate(groups):
+        for s in members:
+            reason[s] = (
+                f"{need[s]:.1%} of the loader time: shares process {g} "
+                f"with {len(members) - 1} other source(s)"
+            )
+    ordered = tuple(tuple(sorted(g)) for g in sorted(groups, key=min))
+    return Allocation(tuple(loaders), ordered, tuple(need), tuple(reason))

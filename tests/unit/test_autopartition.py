@@ -1,0 +1,27 @@
+"""``loaders: auto``: the loader processes shared out by measured cost, at two levels."""
+
+from __future__ import annotations
+
+import pytest
+
+from msd.plan.autopartition import allocate
+
+
+def test_heavy_sources_get_their_own_processes_and_light_ones_share() -> None:
+    # one slow source (20x the cost per token) at 60 % of the tokens, 40 light ones
+    shares = [0.6] + [0.01] * 40
+    costs = [20.0] + [1.0] * 40
+    a = allocate(shares, costs, cpus=8)
+    assert a.need[0] == pytest.approx(12 / 12.4)
+    assert a.loaders[0] == 8 and all(n == 0 for n in a.loaders[1:])
+    assert sorted(s for g in a.groups for s in g) == list(range(1, 41))  # each light source once
+    assert len(a.groups) == 1  # 40 light sources: one process, not 40
+    assert "of its own" in a.reason[0] and "shares process 0" in a.reason[1]
+
+
+def test_light_sources_are_packed_to_about_one_process_each() -> None:
+    a = allocate([0.1] * 10, [1.0] * 10, cpus=4)  # each needs 10 %: a process carries 25 %
+    assert all(n == 0 for n in a.loaders)
+    assert [len(g) for g in a.groups] == [2, 2, 2, 2, 2]
+    b = allocate([0.5, 0.5], [3.0, 1.0], cpus=4)  # 75 % and 25 % of the loader time
+    assert b.loaders == (3, 1) and b.groups == ()
