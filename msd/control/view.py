@@ -63,6 +63,7 @@ class JobObserver:
     balance: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     waits_s: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     totals: deque[_Totals] = field(default_factory=deque)
+    paces: deque[tuple[float, float]] = field(default_factory=deque)
 
     # -- events -------------------------------------------------------------------------------
     def on_hello(self, key: str, hello: Hello) -> None:
@@ -76,19 +77,23 @@ class JobObserver:
                 totals[load.source] += (load.samples_read, load.tokens_read, load.busy_s)
         return totals
 
-    def trainer_pace(self, window_s: float = 3.0) -> float:
-        """Steps per second the trainers would take if no step waited for data (over the
-        last seconds: start-up is not the trainers' pace)."""
+    def trainer_pace(self, window_s: float = 3.0, memory_s: float = 30.0) -> float:
+        """Steps per second the trainers would take if no step waited for data: the rate
+        over the last ``window_s`` corrected for the waits in it, and the best such estimate
+        of the last ``memory_s`` (a stall or start-up is not the trainers' pace; planning for
+        less than it is what makes them wait)."""
         if len(self.totals) < 2:
             return 0.0
         last = self.totals[-1]
         first = next((t for t in self.totals if last.at - t.at <= window_s), last)
-        if last.at - first.at < 1.0:
-            return 0.0
-        rate = (last.consumed - first.consumed) / (last.at - first.at)
-        recent = list(self.waits_s)[-200:]
-        wait = sum(recent) / len(recent) if recent else 0.0
-        return rate / max(0.05, 1.0 - rate * wait)
+        if last.at - first.at >= 1.0:
+            rate = (last.consumed - first.consumed) / (last.at - first.at)
+            recent = list(self.waits_s)[-200:]
+            wait = sum(recent) / len(recent) if recent else 0.0
+            self.paces.append((last.at, rate / max(0.05, 1.0 - rate * wait)))
+        while self.paces and last.at - self.paces[0][0] > memory_s:
+            self.paces.popleft()
+        return max((p for _, p in self.paces), default=0.0)
 
     def on_retired(self, key: str) -> None:
         self.roles.pop(key, None)

@@ -5,7 +5,9 @@ the trainers would take per second if data were instant. Its share of tokens fol
 schedule's share of samples and the source's mean sample length, so a ramp in the schedule is
 seen before it happens: the decision looks at the highest demand over the next ``lead_s``
 seconds of steps. A loader of the source supplies what it was measured to read per second of
-being busy (tokenizing included); it is planned at ``headroom`` of that. Scaling up happens at
+being busy (tokenizing included); it is planned at ``headroom`` of that. A source read by
+several loaders gets one more than that: it is consumed visit by visit, and the loader whose
+visit is being consumed is not reading ahead for the others. Scaling up happens at
 once; scaling down only after the need has stayed lower for ``calm`` decisions in a row, and
 never below one loader. The total stays within the budget: sources short of it get what is
 left in proportion to their need. Pure: no clock, no socket.
@@ -90,7 +92,8 @@ def needed_loaders(
             continue
         demand = share * tokens_per_step * steps_per_s
         supply = load.tokens_per_busy_s * settings.headroom
-        needs.append(Need(max(1, math.ceil(demand / supply)), demand, supply))
+        loaders = max(1, math.ceil(demand / supply))
+        needs.append(Need(loaders + 1 if loaders > 1 else 1, demand, supply))
     return needs
 
 

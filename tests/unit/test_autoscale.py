@@ -31,8 +31,11 @@ def test_need_grows_before_the_ramp_reaches_the_step() -> None:
         return [None if n is None else n.loaders for n in needs]
 
     assert need(0) == [1, 1]  # 5 % of 10k tokens/s = 500, one loader supplies 2,500
-    assert need(100) == [1, 3]  # the ramp's end (60 %: 6,000 tokens/s) is in sight at step 100
-    assert need(90)[1] == 3  # and ahead of its start already: it grows from step 100 on
+    # the ramp's end (60 %: 6,000 tokens/s) is in sight at step 100: 3 loaders' worth, and one
+    # more, since the loader whose visit is consumed is not reading ahead
+    assert need(100) == [1, 4]
+    assert need(90)[1] == 4  # and ahead of its start already: it grows from step 100 on
+    assert need(0)[1] == 1
     unmeasured = [SourceLoad(1, None, None), SourceLoad(2, 100.0, None)]
     assert needed_loaders(RAMP, unmeasured, 0, 10.0, 1000, SETTINGS) == [None, None]
     _, slow = needed_loaders(RAMP, loads, 100, 10.0, 1000, SETTINGS)
