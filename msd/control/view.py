@@ -95,6 +95,11 @@ class JobObserver:
             self.paces.popleft()
         return max((p for _, p in self.paces), default=0.0)
 
+    def on_retiring(self, key: str) -> None:
+        """A newer generation took over this loader's only source: it finishes and exits."""
+        if key in self.roles:
+            self.roles[key].retiring = True
+
     def on_retired(self, key: str) -> None:
         self.roles.pop(key, None)
 
@@ -156,58 +161,13 @@ class JobObserver:
         last_totals = last or _Totals(now, 0, 0, np.zeros(len(weights)), np.zeros(len(weights)))
         first_totals = first or last_totals
         norm = sum(weights) or 1.0
-        queue_samples = np.zeros(len(weights), dtype=np.int64)
-        queue_tokens = np.zeros(len(weights), dtype=np.int64)
-        errors = np.zeros(len(weights), dtype=np.int64)
-        serving = np.zeros(len(weights), dtype=np.int64)
-        loaders, constructors, ranks = [], [], []
-        for role in self.roles.values():
-            stats = role.last
-            state_of = self._state(role, now)
-            if role.hello.role == "loader":
-                for s in role.hello.sources:
-                    serving[s] += not role.retiring
-                for load in stats.sources if stats else ():
-                    queue_samples[load.source] += load.held_samples
-                    queue_tokens[load.source] += load.held_tokens
-                    errors[load.source] += load.errors
-                loaders.append(
-                    LoaderView(
-                        name=role.hello.name,
-                        node=stats.node if stats else role.hello.node,
-                        pid=role.hello.pid,
-                        state=state_of,
-                        cpu_percent=round(role.cpu_percent, 1),
-                        cpu_seconds=round(stats.cpu_s, 3) if stats else 0.0,
-                        pss_bytes=stats.pss_bytes if stats else 0,
-                        samples_per_s=round(role.samples_per_s, 1),
-                        sources=len(role.hello.sources),
-                    )
-                )
-            elif role.hello.role == "constructor":
-                constructors.append(
-                    ConstructorView(
-                        name=role.hello.name,
-                        node=role.hello.node,
-                        pid=role.hello.pid,
-                        state=state_of,
-                        cpu_percent=round(role.cpu_percent, 1),
-                        cpu_seconds=round(stats.cpu_s, 3) if stats else 0.0,
-                        pss_bytes=stats.pss_bytes if stats else 0,
-                        ready_bytes=stats.ready_bytes if stats else 0,
-                    )
-                )
-                for r in stats.ranks if stats else ():
-                    ranks.append(
-                        RankView(
-                            rank=r.rank,
-                            constructor=role.hello.name,
-                            step=r.consumed,
-                            ahead=r.ahead,
-                            wait_p50_ms=round(r.wait_p50_ms, 3),
-                            wait_p99_ms=round(r.wait_p99_ms, 3),
-                        )
-                    )
+        roles = list(self.roles.values())
+        loader_roles = [r for r in roles if r.hello.role == "loader"]
+        constructor_roles = [r for r in roles if r.hello.role == "constructor"]
+        serving, queue_samples, queue_tokens, errors = _per_source(loader_roles, len(weights))
+        loaders = [_loader_view(r, self._state(r, now)) for r in loader_roles]
+        constructors = [_constructor_view(r, self._state(r, now)) for r in constructor_roles]
+        ranks = [view for r in constructor_roles for view in _rank_views(r)]
         sources = tuple(
             SourceView(
                 name=name,
@@ -271,6 +231,62 @@ class JobObserver:
         if role.last is None:
             return "starting"
         return "running" if now - role.last_at < SILENT_AFTER_S else "silent"
+
+
+def _per_source(loaders: list[_Role], sources: int) -> tuple[np.ndarray, ...]:
+    """Per source: loaders serving it, samples and tokens held unrouted, errors."""
+    serving, held, held_tokens, errors = (np.zeros(sources, dtype=np.int64) for _ in range(4))
+    for role in loaders:
+        for s in role.hello.sources:
+            serving[s] += not role.retiring
+        for load in role.last.sources if role.last else ():
+            held[load.source] += load.held_samples
+            held_tokens[load.source] += load.held_tokens
+            errors[load.source] += load.errors
+    return serving, held, held_tokens, errors
+
+
+def _loader_view(role: _Role, state: str) -> LoaderView:
+    stats = role.last
+    return LoaderView(
+        name=role.hello.name,
+        node=stats.node if stats else role.hello.node,
+        pid=role.hello.pid,
+        state=state,
+        cpu_percent=round(role.cpu_percent, 1),
+        cpu_seconds=round(stats.cpu_s, 3) if stats else 0.0,
+        pss_bytes=stats.pss_bytes if stats else 0,
+        samples_per_s=round(role.samples_per_s, 1),
+        sources=len(role.hello.sources),
+    )
+
+
+def _constructor_view(role: _Role, state: str) -> ConstructorView:
+    stats = role.last
+    return ConstructorView(
+        name=role.hello.name,
+        node=role.hello.node,
+        pid=role.hello.pid,
+        state=state,
+        cpu_percent=round(role.cpu_percent, 1),
+        cpu_seconds=round(stats.cpu_s, 3) if stats else 0.0,
+        pss_bytes=stats.pss_bytes if stats else 0,
+        ready_bytes=stats.ready_bytes if stats else 0,
+    )
+
+
+def _rank_views(role: _Role) -> list[RankView]:
+    return [
+        RankView(
+            rank=r.rank,
+            constructor=role.hello.name,
+            step=r.consumed,
+            ahead=r.ahead,
+            wait_p50_ms=round(r.wait_p50_ms, 3),
+            wait_p99_ms=round(r.wait_p99_ms, 3),
+        )
+        for r in (role.last.ranks if role.last else ())
+    ]
 
 
 def metrics_line(view: StatusView, unix_time: float) -> dict[str, object]:

@@ -542,6 +542,9 @@ class Planner:
             if msg.source in p.hello.sources:
                 start_msg = GenerationStart(source=msg.source, generation=g.number, start=start)
                 transport.send(self.sock, start_msg, to=p.identity)
+                older = p.hello.generations[p.hello.sources.index(msg.source)] < g.number
+                if older and len(p.hello.sources) == 1:
+                    self.observer.on_retiring(p.identity.hex())
         name = self.recipe.sources[msg.source].name
         print(f"planner: {name} generation {g.number} reads from visit {start}", flush=True)
 
