@@ -44,7 +44,7 @@ def plan(
     recipe: Annotated[Path, typer.Argument(help="The recipe YAML file.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
-    """Profile each source briefly and show how ``loaders: auto`` shares the loader processes."""
+    """Profile each source briefly and show how `loaders: auto` shares the loader processes."""
     parsed = load_recipe(recipe)
     check_sources(parsed, recipe)
     result = plan_loaders(parsed)

@@ -30,6 +30,7 @@ from msd.wire.protocol import (
 VIEW_VERSION = 1
 WINDOW_S = 10.0
 SILENT_AFTER_S = 5.0  # a role that sent no Stats for this long is shown "silent"
+WARM_STEPS = 20  # the trainers' pace is measured from this step on (start-up is not their pace)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class JobObserver:
             return 0.0
         last = self.totals[-1]
         first = next((t for t in self.totals if last.at - t.at <= window_s), last)
-        if last.at - first.at >= 1.0:
+        if last.at - first.at >= 1.0 and first.consumed >= WARM_STEPS:
             rate = (last.consumed - first.consumed) / (last.at - first.at)
             recent = list(self.waits_s)[-200:]
             wait = sum(recent) / len(recent) if recent else 0.0
