@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -85,6 +86,24 @@ def processes_of_launcher(launcher_pid: int) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def run_msd(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`msd ARGS` as a user runs it, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "msd.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def restore_sigint() -> None:
+    """For ``preexec_fn``: a shell without job control starts background commands with SIGINT
+    ignored, and Python keeps it ignored; a user's terminal delivers Ctrl-C with the default
+    action. Tests that send SIGINT start their commands this way."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def start_launch(cwd: Path, recipe_file: str) -> subprocess.Popen[str]:

@@ -26,14 +26,15 @@ from msd.jobdir import JobDir
 from msd.wire import transport
 from msd.wire.keys import create_keys
 from msd.wire.protocol import SetMix, Status, StatusRequest, Stop
-from tests.conftest import base_recipe, processes_of_launcher, read_rank_logs
+from tests.conftest import (
+    base_recipe,
+    processes_of_launcher,
+    read_rank_logs,
+    restore_sigint,
+    run_msd,
+)
 
 STARTUP_S = 90.0
-
-
-def _restore_sigint() -> None:
-    # Background shells start commands with SIGINT ignored; a terminal's Ctrl-C is not.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def msd_popen(*args: str, cwd: Path, **kwargs: Any) -> subprocess.Popen[str]:
@@ -42,7 +43,7 @@ def msd_popen(*args: str, cwd: Path, **kwargs: Any) -> subprocess.Popen[str]:
         [sys.executable, "-m", "msd.cli", *args],
         cwd=cwd,
         text=True,
-        preexec_fn=_restore_sigint,
+        preexec_fn=restore_sigint,
         **kwargs,
     )
 
@@ -96,14 +97,7 @@ def _wait_job(tmp_path: Path, proc: subprocess.Popen[str]) -> Path:
     raise AssertionError("the job did not start")
 
 
-def msd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "msd.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+msd = run_msd
 
 
 def test_status_json_agrees_with_what_the_trainers_received(

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import base_recipe, processes_of_launcher
+from tests.conftest import base_recipe, processes_of_launcher, restore_sigint
 
 STARTUP_S = 60.0  # generous: four torch imports on a loaded 2-core machine
 
@@ -40,12 +40,6 @@ def _expected_children(recipe: dict[str, Any]) -> int:
     return 2 + sum(s["loaders"] for s in recipe["sources"]) + recipe["distribute"]["dp"]
 
 
-def _restore_sigint() -> None:
-    # A shell without job control starts background commands with SIGINT ignored, and Python
-    # keeps an ignored SIGINT ignored; a user's terminal delivers Ctrl-C with the default action.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @contextmanager
 def launch(
     tmp_path: Path, recipe: dict[str, Any], env: dict[str, str] | None = None
@@ -59,7 +53,7 @@ def launch(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
-        preexec_fn=_restore_sigint,
+        preexec_fn=restore_sigint,
     )
     try:
         yield proc

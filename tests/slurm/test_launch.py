@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from tests.conftest import base_recipe, read_rank_logs, start_launch, wait_for_file
+from tests.conftest import base_recipe, read_rank_logs, run_msd, start_launch, wait_for_file
 
 
 def recipe(data: Path, cluster: str, steps: int = 200) -> dict:
@@ -24,13 +23,7 @@ def recipe(data: Path, cluster: str, steps: int = 200) -> dict:
 
 
 def msd(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "msd.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_msd(*args, cwd=cwd, timeout=timeout)  # SLURM start-up takes longer
 
 
 def job_folder(cwd: Path, name: str) -> Path:
