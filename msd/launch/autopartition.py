@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import msgspec
 
 from msd.plan.autopartition import Allocation, allocate
+from msd.plan.autoscale import peak_token_shares
 from msd.plan.schedule import schedule_of
 from msd.recipe.schema import LoaderOptions, Recipe, Source
 from msd.sources.profile import SourceProfile, profile_source
@@ -26,21 +27,12 @@ class AutoPlan:
     allocation: Allocation
 
 
-def peak_token_shares(recipe: Recipe, lengths: list[float]) -> tuple[float, ...]:
-    """Each source's largest share of a step's tokens over the schedule."""
-    schedule = schedule_of(recipe)
-    peaks = [0.0] * len(lengths)
-    for step in schedule.breakpoints():
-        weights = schedule.weights_at(step)
-        tokens = [w * n for w, n in zip(weights, lengths, strict=True)]
-        total = sum(tokens) or 1.0
-        peaks = [max(p, t / total) for p, t in zip(peaks, tokens, strict=True)]
-    return tuple(peaks)
-
-
 def plan_loaders(recipe: Recipe) -> AutoPlan:
     profiles = tuple(profile_source(s, f"sources[{i}]") for i, s in enumerate(recipe.sources))
-    shares = peak_token_shares(recipe, [p.tokens_per_sample for p in profiles])
+    schedule = schedule_of(recipe)
+    lengths = [p.tokens_per_sample for p in profiles]
+    # over the whole schedule: after its last breakpoint nothing changes
+    shares = tuple(peak_token_shares(schedule, 0, max(schedule.breakpoints()), lengths))
     auto = tuple(i for i, s in enumerate(recipe.sources) if s.loaders == "auto")
     fixed = sum(s.loaders for s in recipe.sources if s.loaders != "auto")
     cpus = recipe.loader.cpus or os.cpu_count() or 1
