@@ -129,6 +129,14 @@ def msd_launch(tmp_path: Path, recipe: dict[str, Any], name: str = "recipe.yaml"
     return proc, out, err, left
 
 
+def trainer_logs(tmp_path: Path) -> str:
+    """The trainer ranks' logs, for a failed launch's message."""
+    return "".join(
+        f"\n--- {log.name}\n{log.read_text()[-3000:]}"
+        for log in sorted((tmp_path / "runs").glob("*/logs/trainer-*.log"))
+    )
+
+
 def job_folder(tmp_path: Path) -> Path:
     """The one job folder the launch created under runs/."""
     (root,) = (tmp_path / "runs").iterdir()
@@ -152,7 +160,7 @@ def user_recipe(data: Path, command: str, dp: int, **overrides: Any) -> dict[str
 def test_user_command_gets_the_rank_environment_and_the_whole_stream(small_data, tmp_path, dp):
     recipe = user_recipe(small_data, "python train.py env direct", dp, steps=5)
     proc, out, err, left = msd_launch(tmp_path, recipe)
-    assert proc.returncode == 0, out + err
+    assert proc.returncode == 0, out + err + trainer_logs(tmp_path)
     assert left == []
     job = job_folder(tmp_path)
     records = rank_records(tmp_path, "env")
