@@ -92,17 +92,9 @@ def launch(
     if mix_history is not None and not mix_history.is_file():
         raise LaunchError(f"--mix-history {mix_history} is not a file")
     changes = load_history(mix_history, parsed) if mix_history is not None else ()
-    chosen = cluster or parsed.cluster
-    if chosen not in ("local", "slurm"):
-        raise LaunchError(f"--cluster must be local or slurm, got {chosen!r}")
+    chosen = cluster_of(parsed, cluster)
     check_sources(parsed, recipe)
-    if any(s.loaders == "auto" for s in parsed.sources):
-        auto = plan_loaders(parsed)
-        parsed = resolve(parsed, auto)
-        if not json_out:
-            shown = ", ".join(f"{s.name} {s.loaders}" for s in parsed.sources)
-            groups = "; ".join("+".join(g) for g in parsed.loader.groups) or "none"
-            console.print(f"loaders (auto, {auto.cpus} CPUs): {shown}; shared: {groups}")
+    parsed = resolve_auto_loaders(parsed, json_out)
     if dry_run:
         _print_submissions(parsed, json_out)
         return
@@ -111,6 +103,31 @@ def launch(
         if chosen == "slurm"
         else LocalJob(parsed, recipe.read_text(), run_dir, changes)
     )
+    run_job(job, parsed, chosen, json_out)
+
+
+def cluster_of(recipe: Recipe, cluster: str | None) -> str:
+    chosen = cluster or recipe.cluster
+    if chosen not in ("local", "slurm"):
+        raise LaunchError(f"--cluster must be local or slurm, got {chosen!r}")
+    return chosen
+
+
+def resolve_auto_loaders(parsed: Recipe, json_out: bool) -> Recipe:
+    """The recipe with ``loaders: auto`` replaced by measured counts (shown unless --json)."""
+    if not any(s.loaders == "auto" for s in parsed.sources):
+        return parsed
+    auto = plan_loaders(parsed)
+    parsed = resolve(parsed, auto)
+    if not json_out:
+        shown = ", ".join(f"{s.name} {s.loaders}" for s in parsed.sources)
+        groups = "; ".join("+".join(g) for g in parsed.loader.groups) or "none"
+        console.print(f"loaders (auto, {auto.cpus} CPUs): {shown}; shared: {groups}")
+    return parsed
+
+
+def run_job(job: LocalJob | SlurmJob, parsed: Recipe, chosen: str, json_out: bool) -> None:
+    """Run a prepared job to its end with live progress; the summary, or an exit code ≠ 0."""
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
     if not json_out:
         console.print(f"job folder: {job.job.root}")

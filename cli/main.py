@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import (
+    checkpoint,
     init,
     launch,
     ls,
@@ -12,6 +13,7 @@ from . import (
     plan,
     report,
     rescale,
+    restore,
     sidecar,
     status,
     stop,
@@ -35,6 +37,8 @@ app.command("stop")(stop.stop)
 app.command("status")(status.status)
 app.command("mix")(mix.mix)
 app.command("rescale")(rescale.rescale)
+app.command("checkpoint")(checkpoint.checkpoint)
+app.command("restore")(restore.restore)
 app.command("ls")(ls.ls)
 app.command("report")(report.report)
 app.command("sidecar")(sidecar.sidecar)

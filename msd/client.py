@@ -26,7 +26,7 @@ from msd.jobdir import JobDir
 from msd.recipe.schema import stream_fingerprint
 from msd.roles.constructor import constructor_endpoint_name
 from msd.wire import transport
-from msd.wire.protocol import Batch, Ended, Get, Refused
+from msd.wire.protocol import Batch, Behind, Ended, Get, Refused, Rewind, Rewinding
 
 STATE_VERSION = 1
 _SLURM_NAMES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
@@ -74,7 +74,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             )
         self.fingerprint = stream_fingerprint(recipe)
         self.timeout_s = timeout_s
-        self.step = 0
+        self.step = self.job.start_step()  # 0, or the step the job was restored at
         self._fetcher: _Fetcher | None = None
         self._wait_s = 0.0
 
@@ -149,6 +149,13 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 _Result = tuple[int, dict[str, torch.Tensor]] | Ended | BaseException
 
 
+class _Reconnect:
+    """The Constructor was restarted (a new endpoint): send the request again, there."""
+
+
+RECONNECT = _Reconnect()
+
+
 AHEAD_DELAY_S = 0.002
 
 
@@ -157,6 +164,8 @@ class _Fetcher:
     and turns a batch into tensors, one request at a time (ZeroMQ sockets stay in one thread)."""
 
     POLL_MS = 100  # how often a waiting thread checks whether it should stop
+    ENDPOINT_CHECK_S = 0.5  # how often a waiting thread checks for a restarted Constructor
+    RESTART_TIMEOUT_S = 300.0  # how long it waits for a restarted data plane
 
     def __init__(self, job: JobDir, rank: int) -> None:
         self.job, self.rank, self.pid = job, rank, os.getpid()
@@ -194,6 +203,8 @@ class _Fetcher:
 
     def _run(self) -> None:
         sock: zmq.Socket[Any] | None = None
+        endpoint = ""
+        name = constructor_endpoint_name(node_name())
         try:
             while (request := self.requests.get()) is not None:
                 get, expect_reply, ahead = request
@@ -201,25 +212,51 @@ class _Fetcher:
                     # Let the trainer's thread get back to work first: the reply is often
                     # already built, and turning it into tensors holds the interpreter lock.
                     time.sleep(AHEAD_DELAY_S)
-                if sock is None:
-                    endpoint = self.job.wait_endpoint(constructor_endpoint_name(node_name()))
-                    sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
-                transport.send(sock, get)
-                if expect_reply:
-                    self.results.put(self._receive(sock))
+                while True:
+                    if sock is None:
+                        endpoint = self.job.wait_endpoint(name, timeout_s=self.RESTART_TIMEOUT_S)
+                        sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
+                    transport.send(sock, get)
+                    if not expect_reply:
+                        break
+                    result = self._receive(sock, endpoint)
+                    if result is RECONNECT:
+                        sock.close(linger=0)
+                        sock = None
+                        continue
+                    self.results.put(result)  # type: ignore[arg-type]
+                    break
         except Exception as exc:  # reaches the trainer on its next call
             self.results.put(exc)
         finally:
             if sock is not None:
                 sock.close(linger=0 if self.stopping.is_set() else 1000)
 
-    def _receive(self, sock: zmq.Socket[Any]) -> _Result:
+    def _endpoint_now(self) -> str | None:
+        path = self.job.endpoint_file(constructor_endpoint_name(node_name()))
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def _restarted(self, endpoint: str) -> bool:
+        now = self._endpoint_now()
+        return now is not None and now != endpoint
+
+    def _receive(self, sock: zmq.Socket[Any], endpoint: str) -> _Result | _Reconnect:
+        checked = time.monotonic()
         while not sock.poll(self.POLL_MS):
             if self.stopping.is_set():
                 return LaunchError("the client was closed")
+            if time.monotonic() - checked >= self.ENDPOINT_CHECK_S:
+                checked = time.monotonic()
+                if self._restarted(endpoint):  # the data plane was restarted: ask it
+                    return RECONNECT
         _, msg, buffers = transport.recv(sock)
         if isinstance(msg, Ended):
             return msg
+        if isinstance(msg, Behind):
+            return self._rewind(msg.step, endpoint)
         if isinstance(msg, Refused):
             return LaunchError(msg.reason)
         if not isinstance(msg, Batch):
@@ -231,3 +268,26 @@ class _Fetcher:
             for spec, buf in zip(msg.tensors, buffers, strict=True)
         }
         return msg.step, tensors
+
+    def _rewind(self, step: int, endpoint: str) -> _Result | _Reconnect:
+        """Step ``step`` was consumed already (the trainer restored an earlier checkpoint): ask
+        the Planner to restart the data plane there, and wait for it."""
+        from msd.control.client import planner_socket  # the control plane, on this rare path
+
+        sock = planner_socket(self.job, timeout_s=10.0)
+        try:
+            transport.send(sock, Rewind(step=step))
+            if sock.poll(10_000):  # no answer: another rank's request is restarting it
+                reply = transport.recv(sock)[1]
+                if isinstance(reply, Refused):
+                    return LaunchError(reply.reason)
+                if not isinstance(reply, Rewinding):
+                    return ProtocolError(f"the planner answered a rewind with {reply!r}")
+        finally:
+            sock.close(linger=0)
+        deadline = time.monotonic() + self.RESTART_TIMEOUT_S
+        while not self._restarted(endpoint):
+            if self.stopping.is_set() or time.monotonic() > deadline:
+                return LaunchError(f"the data plane did not restart at step {step}")
+            time.sleep(0.05)
+        return RECONNECT

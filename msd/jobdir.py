@@ -8,6 +8,8 @@
     JOB/loaders.json           the loader generations added while it ran (``msd rescale``)
     JOB/retired/NAME           a loader process that finished its share and exited
     JOB/metrics.jsonl          the job's figures, one line a second (``msd report``)
+    JOB/checkpoints/           snapshots of the Planner's state and the log of steps after
+                               each (``msd.checkpoint``; ``msd restore``)
     JOB/endpoints/NAME         the address a role serves (written atomically once bound)
     JOB/logs/ROLE-NAME.log     each role's output
     JOB/trainer/rank-R.jsonl   what the demo trainer received, step by step
@@ -65,6 +67,17 @@ class JobDir:
 
     def retired(self, loader: str) -> Path:
         return self.root / "retired" / loader.replace("/", "-")
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def start_step(self) -> int:
+        """The first step this job serves: 0, or the step it was restored at."""
+        try:
+            return int(self.read_json(self.job_json).get("start_step", 0))
+        except (OSError, ValueError):
+            return 0
 
     @property
     def metrics(self) -> Path:

@@ -24,6 +24,8 @@ from typing import Any
 
 import zmq
 
+from msd.checkpoint.format import Snapshot
+from msd.checkpoint.store import CheckpointStore
 from msd.control.client import planner_socket
 from msd.control.history import write_history
 from msd.control.rescales import load_rescales
@@ -33,6 +35,8 @@ from msd.launch import procs
 from msd.plan.partition import loader_processes
 from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
+from msd.roles.constructor import constructor_endpoint_name
+from msd.roles.planner import REWIND_EXIT
 from msd.wire import transport
 from msd.wire.keys import create_keys
 from msd.wire.protocol import Status, StatusRequest, Stop
@@ -81,10 +85,15 @@ def new_job_dir(recipe: Recipe, run_root: Path) -> JobDir:
 
 
 def prepare_job(
-    recipe: Recipe, recipe_text: str, run_root: Path, mix_history: tuple[MixChange, ...] = ()
+    recipe: Recipe,
+    recipe_text: str,
+    run_root: Path,
+    mix_history: tuple[MixChange, ...] = (),
+    resume: Snapshot | None = None,
 ) -> JobDir:
     """A new job folder holding the recipe as written and as validated (what roles read), the
-    job's key and the mix history to replay (``msd launch --mix-history``)."""
+    job's key, the mix history to replay (``msd launch --mix-history``) and, for ``msd
+    restore``, the checkpoint it continues from (its first snapshot)."""
     job = new_job_dir(recipe, run_root.resolve())
     job.create()
     create_keys(job.key_file)
@@ -92,6 +101,9 @@ def prepare_job(
     job.recipe_json.write_bytes(to_json(recipe))
     if mix_history:
         write_history(job.mix_history, recipe, mix_history)
+    if resume is not None:
+        CheckpointStore(job.checkpoints).write_snapshot(resume)
+    job.write_json(job.job_json, {"start_step": resume.step if resume is not None else 0})
     return job
 
 
@@ -105,6 +117,7 @@ def write_job_state(job: JobDir, recipe: Recipe, cluster: str, state: str, **ext
             "cluster": cluster,
             "state": state,
             "launcher_pid": os.getpid(),
+            "start_step": job.start_step(),
             **extra,
         },
     )
@@ -143,21 +156,30 @@ class LocalJob:
         recipe_text: str,
         run_root: Path,
         mix_history: tuple[MixChange, ...] = (),
+        resume: Snapshot | None = None,
     ) -> None:
         self.recipe = recipe
-        self.job = prepare_job(recipe, recipe_text, run_root, mix_history)
+        self.job = prepare_job(recipe, recipe_text, run_root, mix_history, resume)
         self.children: list[procs.Child] = []
         self.trainers: list[procs.Child] = []
         self.loader_names: set[str] = set()
         self.rescales_seen = 0.0  # mtime of JOB/loaders.json when last read
         self.env = {**os.environ, "MSD_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        self.restarts_left = recipe.recovery.restarts
+        self.recoveries: list[dict[str, Any]] = []
+        self.sock: zmq.Socket[Any] | None = None
         self._write_job_json("starting")
 
     def _write_job_json(self, state: str) -> None:
-        write_job_state(self.job, self.recipe, "local", state)
+        write_job_state(self.job, self.recipe, "local", state, recoveries=self.recoveries)
 
     # -- starting -----------------------------------------------------------------------------
     def start(self) -> None:
+        self._start_data_plane()
+        self._start_trainers()
+        self._write_job_json("running")
+
+    def _start_data_plane(self) -> None:
         root = self.job.root
         self._role("planner", "planner", procs.role_argv("planner", root))
         ranks = ",".join(str(r) for r in range(self.recipe.world_size))
@@ -167,8 +189,6 @@ class LocalJob:
             procs.role_argv("constructor", root, "--node", "local", "--ranks", ranks),
         )
         self._start_loaders()
-        self._start_trainers()
-        self._write_job_json("running")
 
     def _start_loaders(self) -> None:
         """Every loader process not started yet: the recipe's, and each rescale's (the Planner
@@ -232,46 +252,97 @@ class LocalJob:
 
     def watch(self, on_status: Callable[[Status], None]) -> Outcome:
         """Run until the trainers finish or something fails; always stop every child."""
-        sock: zmq.Socket[Any] | None = None
         status: Status | None = None
         try:
-            sock = planner_socket(self.job)
-            status, failed = self._watch_loop(sock, on_status)
+            self.sock = planner_socket(self.job)
+            status, failed = self._watch_loop(on_status)
             if failed is None:
-                status = final_status(sock) or status
-                transport.send(sock, Stop(reason="trainers finished"))
+                status = final_status(self.sock) or status
+                transport.send(self.sock, Stop(reason="trainers finished"))
                 self._wait_roles(5.0)
                 failure = None
             else:
-                failure = self._describe_failure(failed, sock, status)
+                failure = self._describe_failure(failed, self.sock, status)
         except KeyboardInterrupt:
             failure = INTERRUPTED
         except MsdError as exc:
             failure = str(exc)
         finally:
             procs.stop_all(self.children)
-            if sock is not None:
-                sock.close(linger=0)
+            if self.sock is not None:
+                self.sock.close(linger=0)
         self._write_job_json("done" if failure is None else "failed")
         return Outcome(failure is None, failure or "done", status, self.job)
 
     def _watch_loop(
-        self, sock: zmq.Socket[Any], on_status: Callable[[Status], None]
+        self, on_status: Callable[[Status], None]
     ) -> tuple[Status | None, procs.Child | None]:
         status: Status | None = None
         next_ask = 0.0
         while True:
             failed = self._failed_child()
-            if failed is not None or self._finished(status):
+            if failed is not None and not self._recover(failed):
                 return status, failed
+            if failed is None and self._finished(status):
+                return status, None
             self._follow_rescales()
+            assert self.sock is not None
             if time.monotonic() >= next_ask:
-                transport.send(sock, StatusRequest())
+                transport.send(self.sock, StatusRequest())
                 next_ask = time.monotonic() + STATUS_EVERY_S
-            reply = receive_status(sock, POLL_S)
+            reply = receive_status(self.sock, POLL_S)
             if reply is not None:
                 status = reply
                 on_status(reply)
+
+    # -- recovering ---------------------------------------------------------------------------
+    def _recover(self, child: procs.Child) -> bool:
+        """Restart after ``child`` ended: the data plane (from its checkpoints) when a data role
+        was killed or the Planner went back to an earlier step; every trainer rank when one
+        was killed. False when it should not be restarted (an error, or no restarts left)."""
+        code = child.popen.returncode
+        rewind = child.role == "planner" and code == REWIND_EXIT
+        if not rewind and not (code is not None and code < 0 and self.restarts_left > 0):
+            return False
+        if not rewind:
+            self.restarts_left -= 1
+        started = time.monotonic()
+        if child.role == "trainer":
+            self._restart_trainers()
+        else:
+            self._restart_data_plane()
+        self.recoveries.append(
+            {
+                "role": child.role,
+                "name": child.name,
+                "cause": "rewind" if rewind else child.describe_exit(),
+                "time": time.time(),
+                "restart_s": round(time.monotonic() - started, 3),
+            }
+        )
+        self._write_job_json("running")
+        return True
+
+    def _restart_data_plane(self) -> None:
+        """Stop the Planner, loaders and Constructor and start them again: they continue from
+        the job's checkpoints at the step every rank has consumed; the trainers' Clients find
+        the new Constructor and ask it again."""
+        data = [c for c in self.children if c.role != "trainer"]
+        procs.stop_all(data, grace_s=1.0)
+        self.children = [c for c in self.children if c.role == "trainer"]
+        for name in ("planner", constructor_endpoint_name("local")):
+            self.job.endpoint_file(name).unlink(missing_ok=True)
+        self.loader_names.clear()
+        self._start_data_plane()
+        if self.sock is not None:
+            self.sock.close(linger=0)
+        self.sock = planner_socket(self.job)
+
+    def _restart_trainers(self) -> None:
+        procs.stop_all(self.trainers, grace_s=1.0)
+        self.children = [c for c in self.children if c not in self.trainers]
+        self.trainers = []
+        self._start_trainers()
 
     def _finished(self, status: Status | None) -> bool:
         """The trainers msd started have exited, or (attached) consumed the whole stream."""
@@ -301,7 +372,7 @@ class LocalJob:
         self, child: procs.Child, sock: zmq.Socket[Any], status: Status | None
     ) -> str:
         """Name the failed process; add what a role reported, asking the Planner if it lives."""
-        planner = self.children[0]
+        planner = next((c for c in self.children if c.role == "planner"), child)
         if planner.popen.poll() is None:
             status = final_status(sock, timeout_s=1.0) or status
         reason = f"; it reported: {status.failure}" if status and status.failure else ""

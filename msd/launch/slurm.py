@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq
 
+from msd.checkpoint.format import Snapshot
 from msd.control.client import planner_socket
 from msd.control.rescales import load_rescales
 from msd.errors import LaunchError
@@ -92,9 +93,10 @@ class SlurmJob:
         recipe_text: str,
         run_root: Path,
         mix_history: tuple[MixChange, ...] = (),
+        resume: Snapshot | None = None,
     ) -> None:
         self.recipe = recipe
-        self.job = prepare_job(recipe, recipe_text, run_root, mix_history)
+        self.job = prepare_job(recipe, recipe_text, run_root, mix_history, resume)
         self.plan = submissions(recipe)
         self.submitted: list[tuple[Submission, Any]] = []
         self.rescales_seen = 0.0

@@ -199,6 +199,11 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     if not (math.isfinite(every) and every > 0):
         fix = "write a line every few seconds, e.g. 5"
         problems.append(Problem("metrics.every_s", f"must be a number > 0, got {every}; {fix}"))
+    fix = "snapshot every K steps, or 0 for only on `msd checkpoint`"
+    problems += _at_least("checkpoint.every_steps", recipe.checkpoint.every_steps, 0, fix)
+    problems += _at_least("checkpoint.keep", recipe.checkpoint.keep, 1, "keep at least 1")
+    fix = "restart a role at most this many times, 0 for never"
+    problems += _at_least("recovery.restarts", recipe.recovery.restarts, 0, fix)
     return problems
 
 

@@ -149,6 +149,27 @@ class MetricsOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     every_s: float = 5.0
 
 
+class CheckpointOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """every_steps: a snapshot of the Planner's state every this many consumed steps (0: only
+        on ``msd checkpoint``); each consumed step in between is a line of the log.
+    keep: snapshots kept (older ones and their logs are deleted).
+    """
+
+    every_steps: int = 100
+    keep: int = 3
+
+
+class RecoveryOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """restarts: how many times the launcher restarts a role killed by a signal (kill -9, the
+    OOM killer) before it gives up and stops the job: a Planner, loader or Constructor
+    restarts the data plane from its checkpoints at the step every rank has consumed; a
+    trainer rank restarts every rank (they resume from their own checkpoints). A role that
+    fails with an error is not restarted: it would fail again.
+    """
+
+    restarts: int = 3
+
+
 class DemoTrainer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The built-in trainer: "computes" ``step_ms`` scaled by its batch's attention cost.
 
@@ -221,6 +242,8 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     loader: LoaderOptions = LoaderOptions()
     constructor: ConstructorOptions = ConstructorOptions()
     metrics: MetricsOptions = MetricsOptions()
+    checkpoint: CheckpointOptions = CheckpointOptions()
+    recovery: RecoveryOptions = RecoveryOptions()
     trainer: Trainer | None = None
     cluster: Literal["local", "slurm"] = "local"
     slurm: Slurm = Slurm()

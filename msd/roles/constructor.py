@@ -17,6 +17,7 @@ from collections import deque
 import numpy as np
 import zmq
 
+from msd.checkpoint.resume import latest_state
 from msd.jobdir import JobDir
 from msd.pack import Piece, pack_rows
 from msd.recipe.schema import Recipe
@@ -26,6 +27,7 @@ from msd.shard import cp_slice
 from msd.wire import transport
 from msd.wire.protocol import (
     Batch,
+    Behind,
     End,
     Ended,
     Get,
@@ -68,11 +70,13 @@ class Constructor:
         self.payloads: dict[tuple[int, int], np.ndarray] = {}
         self.ready: dict[tuple[int, int, int], Arrays] = {}
         self.parked: dict[tuple[int, int], bytes] = {}
-        self.consumed = {rank: 0 for rank in ranks}
-        self.reported = 0
+        resumed = latest_state(job)
+        start = resumed.step if resumed is not None else 0  # the step the stream goes on from
+        self.consumed = {rank: start for rank in ranks}
+        self.reported = start
         self.step_bytes = 0
         self.built: set[int] = set()
-        self.built_upto = 0
+        self.built_upto = start
         self.waits: list[float] = []
         self.rank_waits: dict[int, deque[float]] = {r: deque(maxlen=RANK_WAITS) for r in ranks}
         self.num_steps: int | None = None
@@ -173,9 +177,10 @@ class Constructor:
                 transport.send(self.clients, Refused(reason=reason), to=identity)
 
     def _on_get(self, identity: bytes, msg: Get) -> None:
-        if msg.step < self.consumed[msg.rank]:
-            reason = f"step {msg.step} of rank {msg.rank} was already consumed"
-            transport.send(self.clients, Refused(reason=reason), to=identity)
+        c = self.coords[msg.rank]
+        if msg.step < self.consumed[msg.rank] and (c.dp, c.cp, msg.step) not in self.ready:
+            first = self.consumed[msg.rank]
+            transport.send(self.clients, Behind(step=msg.step, first=first), to=identity)
             return
         if msg.consumed > self.consumed[msg.rank]:
             self.consumed[msg.rank] = msg.consumed

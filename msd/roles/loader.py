@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import zmq
 
+from msd.checkpoint.resume import first_positions, latest_state
 from msd.control.rescales import load_rescales
 from msd.jobdir import JobDir
 from msd.plan.order import EpochOrder, make_blocks
@@ -185,6 +186,7 @@ class SourceShard:
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index
         self.frozen = False
+        self.skip_below = 0  # positions before it were placed before the step the job resumed at
         self.reader = reader
         self.mix_budget = shard_budget(recipe, shard.source, self.stride)
         self.block_rows = max(b.num_rows for b in self.blocks)
@@ -211,6 +213,18 @@ class SourceShard:
         if self._order is None or self._order.epoch != epoch:
             self._order = EpochOrder(self.blocks, self.recipe.seed, self.key, epoch)
         return self._order, k
+
+    def resume_at(self, gpos: int) -> None:
+        """Read nothing before position ``gpos``: skip the visits that end before it and, in the
+        one holding it, the rows before it."""
+        self.skip_below = gpos
+        num_rows = self.src.num_rows
+        epoch, pos = divmod(gpos, num_rows)
+        k = EpochOrder(self.blocks, self.recipe.seed, self.key, epoch).visit_of(pos)
+        first = epoch * len(self.blocks) + k
+        if self.next_v is not None:
+            while self.next_v < first:
+                self.next_v += self.stride
 
     def begin(self, start: int) -> None:
         """The Planner decided where this shard's generation begins."""
@@ -337,7 +351,10 @@ class SourceShard:
 
         rows = order.rows_of_visit(k) - block.first_row
         gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
-        return _Visit.of(gpos_start, block.first_row, rows, read(), read)
+        visit = _Visit.of(gpos_start, block.first_row, rows, read(), read)
+        if gpos_start < self.skip_below < gpos_start + len(rows):
+            visit.at = self.skip_below - gpos_start
+        return visit
 
 
 class Loader:
@@ -357,6 +374,11 @@ class Loader:
             shard.source: SourceShard(recipe, shard, self.reader, span(table, shard))
             for shard in process.shards
         }
+        state = latest_state(job)
+        if state is not None:  # a job continuing from a checkpoint
+            first = first_positions(state)
+            for shard in self.shards.values():
+                shard.resume_at(first[shard.source])
         self.planner = connect_planner(job, f"loader/{self.name}")
         self.constructors: list[zmq.Socket[Any]] = []
 

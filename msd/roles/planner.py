@@ -11,16 +11,20 @@ import dataclasses
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
 
-from msd.control.history import load_history, make_change, write_history
+from msd.checkpoint.format import Delta, Snapshot, Totals
+from msd.checkpoint.resume import needed
+from msd.checkpoint.store import CheckpointStore
+from msd.control.history import change_json, load_history, make_change, write_history
 from msd.control.metrics import Histogram, MetricsServer
 from msd.control.rescales import load_rescales, write_rescales
 from msd.control.view import JobObserver, metrics_line
-from msd.errors import MsdError, ProtocolError
+from msd.errors import CheckpointError, MsdError, ProtocolError
 from msd.jobdir import JobDir
 from msd.plan import autoscale
 from msd.plan.cost import CostModel
@@ -29,12 +33,13 @@ from msd.plan.partition import Generation, generations, loader_processes
 from msd.plan.schedule import MixChange, schedule_of
 from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
 from msd.plan.topology import Topology
-from msd.recipe.schema import Recipe
+from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.sources.index import open_source
 from msd.wire import transport
 from msd.wire.protocol import (
     DISCARD,
     PROTOCOL_VERSION,
+    CheckpointTaken,
     ConstructorInfo,
     Cut,
     CutAt,
@@ -50,6 +55,8 @@ from msd.wire.protocol import (
     Rescale,
     Rescaling,
     Retired,
+    Rewind,
+    Rewinding,
     Route,
     SetMix,
     Stats,
@@ -57,11 +64,13 @@ from msd.wire.protocol import (
     StatusRequest,
     StatusView,
     Stop,
+    TakeCheckpoint,
     Want,
     Welcome,
 )
 
 TICK_S = 1.0  # how often the Planner refreshes its view (status, metrics)
+REWIND_EXIT = 75  # the Planner's exit code when the data plane must restart at an earlier step
 
 
 def stream_spec(
@@ -105,7 +114,14 @@ class Planner:
         )
         self.changes = load_history(job.mix_history, recipe)
         self.spec = stream_spec(recipe, num_rows, self.changes)
-        self.state = PlannerState.initial(len(recipe.sources))
+        self.store = CheckpointStore(job.checkpoints, recipe.checkpoint.keep)
+        resumed = self.store.find() if self.store.snapshots() else None
+        self.state = (
+            resumed.snapshot.state if resumed else PlannerState.initial(len(recipe.sources))
+        )
+        self.start = self.state  # positions below its cursors were placed before it
+        self.states = {self.state.step: self.state}  # at each step planned, not yet logged
+        self.logged = self.state.step
         keys = job.keys()
         ctx = transport.context()
         self.auth = transport.admit_only(ctx, keys)  # only holders of the job's key get in
@@ -136,11 +152,15 @@ class Planner:
         self.constructor_consumed: dict[int, int] = {}
         self.step_tokens: dict[int, int] = {}
         self.step_sources: dict[int, np.ndarray] = {}
-        self.tokens_consumed = 0
+        totals = resumed.snapshot.totals if resumed else Totals()
+        self.tokens_consumed = totals.tokens
         self.source_samples = np.zeros(len(recipe.sources), dtype=np.int64)
         self.source_tokens = np.zeros(len(recipe.sources), dtype=np.int64)
+        if totals.source_samples:
+            self.source_samples += np.array(totals.source_samples, dtype=np.int64)
+            self.source_tokens += np.array(totals.source_tokens, dtype=np.int64)
         self.step_source_tokens: dict[int, np.ndarray] = {}
-        self.counted = 0
+        self.counted = self.state.step
         self.observer = JobObserver(tuple(s.name for s in recipe.sources))
         self.next_tick = 0.0
         self.next_line = 0.0
@@ -160,6 +180,12 @@ class Planner:
         self.started = time.monotonic()
         self.failure = ""
         self.running = False
+        self.rewind_to: int | None = None
+        if resumed is not None:
+            print(f"planner: continuing from step {self.state.step} ({resumed.path})", flush=True)
+            for problem in resumed.passed_over:
+                print(f"planner: passed over: {problem}", flush=True)
+        self.snapshot()  # the log goes on after it
         job.publish("planner", endpoint)
 
     # -- the loop -----------------------------------------------------------------------------
@@ -169,8 +195,12 @@ class Planner:
         while True:
             if dict(poller.poll(50)) and not self._drain():
                 return
+            if self.rewind_to is not None:
+                return
             if self.running:
                 self._plan_ahead()
+                if self.logged < self.consumed and self._log_consumed():
+                    self.snapshot()
             if time.monotonic() >= self.next_tick:
                 self._tick()
             if self.autoscale is not None and self.running and time.monotonic() >= self.next_scale:
@@ -203,6 +233,10 @@ class Planner:
             transport.send(self.sock, self._on_set_mix(msg), to=identity)
         elif isinstance(msg, Rescale):
             transport.send(self.sock, self._on_rescale(msg), to=identity)
+        elif isinstance(msg, TakeCheckpoint):
+            transport.send(self.sock, self._on_take_checkpoint(), to=identity)
+        elif isinstance(msg, Rewind):
+            transport.send(self.sock, self._on_rewind(msg), to=identity)
         elif isinstance(msg, CutAt):
             self._on_cut_at(identity, msg)
         elif isinstance(msg, Retired):
@@ -240,7 +274,7 @@ class Planner:
                 dp = self.topology.coords(rank).dp
                 self.dp_constructors.setdefault(dp, set()).add(index)
             self.ranks.update(msg.ranks)
-            self.constructor_consumed[index] = 0
+            self.constructor_consumed[index] = self.start.step
             self.constructors.append(Peer(identity, msg))
         if not self.running and self._all_registered():
             self._start()
@@ -268,8 +302,21 @@ class Planner:
     # -- metadata and progress ----------------------------------------------------------------
     def _on_meta(self, identity: bytes, msg: Meta) -> None:
         known = self.known[msg.source]
+        unneeded = []
         for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
-            known[msg.gpos_start + offset] = (length, sample_id, identity)
+            gpos = msg.gpos_start + offset
+            if gpos < self.start.cursors[msg.source] and not needed(self.start, msg.source, gpos):
+                unneeded.append(gpos)  # placed before the step this job continues from
+            else:
+                known[gpos] = (length, sample_id, identity)
+        if unneeded:
+            route = Route(
+                step=self.start.step,
+                source=(msg.source,) * len(unneeded),
+                gpos=tuple(unneeded),
+                constructor=(DISCARD,) * len(unneeded),
+            )
+            transport.send(self.sock, route, to=identity)
 
     def _on_progress(self, identity: bytes, msg: Progress) -> None:
         index = next(i for i, c in enumerate(self.constructors) if c.identity == identity)
@@ -279,12 +326,73 @@ class Planner:
         self.graph.on_delivered(min(self.built.values()))
         self.observer.on_waits(msg.waits_s)
         self.wait_hist.observe_many(msg.waits_s)
+        due = self._log_consumed()
         self._count_consumed()
+        if due:
+            self.snapshot()
 
     @property
     def consumed(self) -> int:
         """Steps that every rank has consumed."""
         return min(self.constructor_consumed.values(), default=0)
+
+    def _log_consumed(self) -> bool:
+        """A log line per step newly consumed by every rank; whether a snapshot is due."""
+        due = False
+        every = self.recipe.checkpoint.every_steps
+        # Ranks may be ahead of what this Planner has planned (it restarted behind them):
+        # the log follows the steps as they are planned.
+        while self.logged < self.consumed and self.logged + 1 in self.states:
+            step = self.logged + 1
+            before = self.states.pop(self.logged)
+            tokens = self.step_tokens.get(self.logged, 0)
+            self.store.append(Delta.between(before, self.states[step], tokens))
+            self.logged = step
+            due = due or (every > 0 and step % every == 0)
+        return due
+
+    def snapshot(self) -> tuple[Path, int, float]:
+        """Write the state at the step every rank has consumed; (path, bytes, seconds)."""
+        started = time.perf_counter()
+        snap = Snapshot(
+            state=self.states[self.logged],
+            fingerprint=stream_fingerprint(self.recipe),
+            recipe=json.loads(to_json(self.recipe)),
+            num_rows=self.spec.num_rows,
+            mix_history=tuple(change_json(self.recipe, c) for c in self.changes),
+            totals=Totals(
+                self.tokens_consumed,
+                tuple(int(x) for x in self.source_samples),
+                tuple(int(x) for x in self.source_tokens),
+            ),
+            created=time.time(),
+        )
+        path = self.store.write_snapshot(snap)
+        return path, path.stat().st_size, time.perf_counter() - started
+
+    def _on_take_checkpoint(self) -> CheckpointTaken | Refused:
+        try:
+            path, size, seconds = self.snapshot()
+        except OSError as exc:
+            return Refused(reason=f"cannot write a checkpoint in {self.store.root}: {exc}")
+        print(f"planner: checkpoint of step {self.logged} at {path}", flush=True)
+        return CheckpointTaken(step=self.logged, path=str(path), bytes=size, seconds=seconds)
+
+    def _on_rewind(self, msg: Rewind) -> Rewinding | Refused:
+        """A trainer restored an earlier checkpoint: make the state at ``msg.step`` the latest
+        and exit, for the launcher to restart the data plane there."""
+        if self.rewind_to is not None:
+            return Rewinding(step=self.rewind_to)
+        if msg.step >= self.consumed:
+            return Refused(reason=f"step {msg.step} is not consumed yet; nothing to go back to")
+        try:
+            found = self.store.find(msg.step)
+            self.store.rewind(found.snapshot)
+        except (CheckpointError, OSError) as exc:
+            return Refused(reason=f"cannot go back to step {msg.step}: {exc}")
+        print(f"planner: a trainer went back to step {msg.step}; restarting there", flush=True)
+        self.rewind_to = msg.step
+        return Rewinding(step=msg.step)
 
     def _count_consumed(self) -> None:
         self.graph.on_consumed(self.consumed)
@@ -319,6 +427,7 @@ class Planner:
                     transport.send(self.sock, End(num_steps=result.step), to=c.identity)
                 return
             plan, self.state = result
+            self.states[self.state.step] = self.state
             self._dispatch(plan)
             seconds = time.perf_counter() - started
             self.observer.on_plan(seconds, self._rank_costs(plan))
@@ -562,6 +671,8 @@ class Planner:
                 f.write(json.dumps(line) + "\n")
 
     def close(self) -> None:
+        self.store.close()
+        self.sock.close(linger=1000)  # replies sent last (a rewind's) still go out
         if self.metrics is not None:
             self.metrics.close()
         self.auth.stop()
@@ -625,3 +736,5 @@ def main(job: JobDir) -> None:
         planner.run()
     finally:
         planner.close()
+    if planner.rewind_to is not None:
+        raise SystemExit(REWIND_EXIT)

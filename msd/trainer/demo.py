@@ -5,13 +5,19 @@ as a data-parallel gradient all-reduce does), so a slow rank slows every rank.
 Each step it appends one JSON line to ``JOB/trainer/rank-R.jsonl``: a digest of the batch's
 tensors, the sample and source ids it got, its token count and how long it waited for data;
 with ``save_batches`` also the tensors themselves, as ``JOB/trainer/rank-R/step-S.npz``.
+
+Like a real trainer it checkpoints, after every step: its ``Client.state_dict()`` goes to
+``JOB/trainer/rank-R.state.json``. A restarted rank loads it (``Client.load_state_dict``), drops
+the lines its log holds for steps after it, and goes on from there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from msd.client import Client, node_name
+from msd.jobdir import atomic_write
 from msd.recipe.schema import Trainer
 
 
@@ -44,10 +51,33 @@ def real_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["cu_seqlens"][-1])
 
 
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Replace the rank's checkpoint (rename: whole or not at all; no fsync, a demo's)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def resume(client: Client) -> None:
+    """Continue from this rank's own checkpoint, if it has one; keep its log up to it."""
+    state_file = client.job.trainer / f"rank-{client.rank}.state.json"
+    log = client.job.rank_log(client.rank)
+    if not state_file.exists():
+        log.write_bytes(b"")
+        return
+    state = json.loads(state_file.read_text())
+    client.load_state_dict(state)
+    lines = log.read_text().splitlines() if log.exists() else []
+    kept = [line for line in lines if json.loads(line)["step"] < state["step"]]
+    atomic_write(log, "".join(line + "\n" for line in kept).encode())
+
+
 def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> None:
     full_cost = rows * float(seq_len) ** 2
     saved = client.job.trainer / f"rank-{client.rank}"
-    with open(client.job.rank_log(client.rank), "w") as log:
+    state_file = client.job.trainer / f"rank-{client.rank}.state.json"
+    resume(client)
+    with open(client.job.rank_log(client.rank), "a") as log:
         for batch in client:
             wait_ms = client.last_wait_s * 1000
             started = time.perf_counter()
@@ -76,6 +106,7 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> 
                 time.sleep(remaining)
             if dist.is_initialized():
                 dist.barrier()
+            save_state(state_file, client.state_dict())
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -48,6 +48,11 @@ class Kind(enum.IntEnum):
     CUT_AT = 24
     GENERATION_START = 25
     RETIRED = 26
+    TAKE_CHECKPOINT = 27
+    CHECKPOINT_TAKEN = 28
+    BEHIND = 29
+    REWIND = 30
+    REWINDING = 31
 
 
 class _Msg(msgspec.Struct, frozen=True, array_like=True, tag_field="kind"):
@@ -317,6 +322,41 @@ class Retired(_Msg, frozen=True, tag=int(Kind.RETIRED)):
     name: str
 
 
+class TakeCheckpoint(_Msg, frozen=True, tag=int(Kind.TAKE_CHECKPOINT)):
+    """Control → Planner: snapshot the state at the step every rank has consumed, now."""
+
+
+class CheckpointTaken(_Msg, frozen=True, tag=int(Kind.CHECKPOINT_TAKEN)):
+    """Planner → control: the snapshot of ``step`` is at ``path`` (``bytes`` long, written in
+    ``seconds``)."""
+
+    step: int
+    path: str
+    bytes: int
+    seconds: float
+
+
+class Behind(_Msg, frozen=True, tag=int(Kind.BEHIND)):
+    """Constructor → Client: every rank of its group consumed ``step`` already (the Constructor
+    serves from ``first`` on); a trainer restored an earlier checkpoint of its own."""
+
+    step: int
+    first: int
+
+
+class Rewind(_Msg, frozen=True, tag=int(Kind.REWIND)):
+    """Client → Planner: continue the stream from ``step``, consumed already (the data plane
+    restarts from its checkpoints at that step)."""
+
+    step: int
+
+
+class Rewinding(_Msg, frozen=True, tag=int(Kind.REWINDING)):
+    """Planner → Client: the data plane restarts at ``step``."""
+
+    step: int
+
+
 # -- what `msd status` shows (field names are the `--json` keys; docs/status.md) ----------------
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
     state: str
@@ -439,6 +479,11 @@ Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged st
     CutAt,
     GenerationStart,
     Retired,
+    TakeCheckpoint,
+    CheckpointTaken,
+    Behind,
+    Rewind,
+    Rewinding,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -152,12 +152,14 @@ def test_mix_shares_hold_over_2000_steps(small_data, write_recipe, tmp_path):
 
 
 @pytest.mark.parametrize("victim", ["loader", "planner", "constructor", "trainer"])
-def test_killing_a_role_stops_the_job_with_its_name(victim, small_data, write_recipe, tmp_path):
+def test_with_recovery_off_killing_a_role_stops_the_job_with_its_name(
+    victim, small_data, write_recipe, tmp_path
+):
     import signal
     import threading
     import time
 
-    recipe = base_recipe(small_data, steps=100000)
+    recipe = base_recipe(small_data, steps=100000, recovery={"restarts": 0})
     for s in recipe["sources"]:
         s["repeat"] = True
     recipe["trainer"]["demo"]["step_ms"] = 20

@@ -43,7 +43,7 @@ SOURCE_KEYS = "name, path, weight, text_column, token_column, transform, repeat,
 TOP_KEYS = (
     "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "
     "mix, cost, balance, loader, "
-    "constructor, metrics, trainer, cluster, slurm"
+    "constructor, metrics, checkpoint, recovery, trainer, cluster, slurm"
 )
 
 

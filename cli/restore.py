@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from msd.checkpoint.compat import differences
+from msd.checkpoint.store import open_checkpoint
+from msd.control.history import load_history, make_change
+from msd.errors import CheckpointError, RecipeError
+from msd.launch.check import check_sources
+from msd.launch.local import LocalJob
+from msd.launch.slurm import SlurmJob
+from msd.plan.schedule import MixChange
+from msd.recipe.load import load_recipe
+from msd.recipe.schema import Recipe, from_json, stream_fingerprint, to_json
+from msd.sources.index import open_source
+
+from .common import err_console, user_errors
+from .launch import cluster_of, resolve_auto_loaders, run_job
+
+
+@user_errors
+def restore(
+    checkpoint: Annotated[
+        Path,
+        typer.Argument(
+            help="A snapshot (JOB/checkpoints/step-N.json), or a job folder: its latest step."
+        ),
+    ],
+    recipe: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue under this recipe (e.g. other DP/TP/PP sizes), not the saved one."
+        ),
+    ] = None,
+    step: Annotated[
+        int | None, typer.Option(help="With a job folder: continue from this step, not the latest.")
+    ] = None,
+    allow_batch_change: Annotated[
+        bool,
+        typer.Option(help="Allow other tokens per step: the sources' cursors carry over."),
+    ] = False,
+    cluster: Annotated[str | None, typer.Option(help="local (default) or slurm.")] = None,
+    run_dir: Annotated[Path, typer.Option(help="Where job folders are created.")] = Path("runs"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Continue a job's stream from a checkpoint in a new job: the same batches from its step."""
+    found = open_checkpoint(checkpoint, step)
+    for problem in found.passed_over:
+        err_console.print(f"[yellow]passed over:[/] {problem}", highlight=False, soft_wrap=True)
+    snap = found.snapshot
+    try:
+        saved = from_json(json.dumps(snap.recipe).encode())
+    except RecipeError as exc:
+        raise CheckpointError(f"{found.path} holds a recipe this msd cannot read: {exc}") from None
+    if recipe is not None:
+        parsed, text, where = load_recipe(recipe), recipe.read_text(), recipe
+    else:
+        parsed, text, where = saved, json.dumps(snap.recipe, indent=2) + "\n", found.path
+    check_sources(parsed, where)
+    rows = tuple(open_source(s, f"sources[{i}]").num_rows for i, s in enumerate(parsed.sources))
+    problems = differences(saved, snap.num_rows, parsed, rows, allow_batch_change)
+    if problems:
+        raise CheckpointError(
+            f"the checkpoint {found.path} cannot continue under {where}: " + "; ".join(problems)
+        )
+    changes = _mix_history(checkpoint, snap.mix_history, parsed)
+    chosen = cluster_of(parsed, cluster)
+    parsed = resolve_auto_loaders(parsed, json_out)
+    resume = dataclasses.replace(
+        snap,
+        recipe=json.loads(to_json(parsed)),
+        fingerprint=stream_fingerprint(parsed),
+        num_rows=rows,
+    )
+    if not json_out:
+        err_console.print(f"continuing from step {snap.step} ({found.path})", highlight=False)
+    job: LocalJob | SlurmJob = (
+        SlurmJob(parsed, text, run_dir, changes, resume)
+        if chosen == "slurm"
+        else LocalJob(parsed, text, run_dir, changes, resume)
+    )
+    run_job(job, parsed, chosen, json_out)
+
+
+def _mix_history(
+    checkpoint: Path, saved: tuple[dict[str, object], ...], recipe: Recipe
+) -> tuple[MixChange, ...]:
+    """A job folder's whole mix history (changes made after its last snapshot included), else
+    the snapshot's."""
+    history = checkpoint / "mix-history.json"
+    if checkpoint.is_dir() and history.is_file():
+        return load_history(history, recipe)
+    try:
+        return tuple(make_change(recipe, c["weights"], int(c["step"])) for c in saved)  # type: ignore[arg-type, call-overload]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"the checkpoint's mix history is malformed ({exc})") from None

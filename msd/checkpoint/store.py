@@ -1,0 +1,178 @@
+"""A job's checkpoints on disk: snapshots written atomically, a log of per-step deltas after
+each, and finding the state at a step from them (the newest good snapshot at or before it, plus
+the log). A damaged snapshot or log line is passed over for the good ones before it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from msd.checkpoint.format import (
+    Delta,
+    Snapshot,
+    Totals,
+    decode_delta,
+    decode_snapshot,
+    encode_delta,
+    encode_snapshot,
+)
+from msd.errors import CheckpointError
+from msd.jobdir import atomic_write
+from msd.plan.step import PlannerState
+
+_SNAPSHOT = re.compile(r"^step-(\d+)\.json$")
+_LOG = re.compile(r"^log-(\d+)\.jsonl$")
+
+
+def snapshot_name(step: int) -> str:
+    return f"step-{step:08d}.json"
+
+
+def log_name(step: int) -> str:
+    return f"log-{step:08d}.jsonl"
+
+
+@dataclass(frozen=True)
+class Found:
+    """The state at a step, rebuilt from ``path`` (a snapshot) and the log after it;
+    ``passed_over``: damaged files or lines met on the way (newest first)."""
+
+    snapshot: Snapshot
+    path: Path
+    passed_over: tuple[str, ...] = ()
+
+    @property
+    def step(self) -> int:
+        return self.snapshot.step
+
+
+class CheckpointStore:
+    """``JOB/checkpoints``: snapshots every so often, a delta a step in between."""
+
+    def __init__(self, root: Path, keep: int = 3) -> None:
+        self.root = root
+        self.keep = max(1, keep)
+        self._log: BinaryIO | None = None
+
+    # -- writing ------------------------------------------------------------------------------
+    def write_snapshot(self, snap: Snapshot) -> Path:
+        """Write ``snap`` (temp file, fsync, rename); later deltas go to a new log after it; only
+        the newest ``keep`` snapshots and their logs are kept."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / snapshot_name(snap.step)
+        atomic_write(path, encode_snapshot(snap))
+        self.close()
+        # A new, empty log: lines a log of this step held from an earlier life are stale.
+        self._log = open(self.root / log_name(snap.step), "wb")  # noqa: SIM115 - kept open
+        for step, old in self.snapshots()[: -self.keep]:
+            old.unlink(missing_ok=True)
+            (self.root / log_name(step)).unlink(missing_ok=True)
+        return path
+
+    def rewind(self, snap: Snapshot) -> Path:
+        """Make ``snap`` the latest: the snapshots and logs of later steps are deleted (the
+        stream from it is the same pure function; they would be written again)."""
+        for step, path in self.snapshots():
+            if step > snap.step:
+                path.unlink(missing_ok=True)
+        for step, path in self._logs():
+            if step > snap.step:
+                path.unlink(missing_ok=True)
+        return self.write_snapshot(snap)
+
+    def append(self, delta: Delta) -> None:
+        """Add one consumed step to the log (after at least one snapshot)."""
+        if self._log is None:
+            raise CheckpointError(f"no snapshot written in {self.root} yet; cannot log a step")
+        self._log.write(encode_delta(delta))
+        self._log.flush()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # -- reading ------------------------------------------------------------------------------
+    def snapshots(self) -> list[tuple[int, Path]]:
+        """(step, path) of every snapshot file, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            m = _SNAPSHOT.match(path.name)
+            if m:
+                found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    def _logs(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.root.iterdir() if (m := _LOG.match(p.name))]
+        return sorted(found)
+
+    def find(self, step: int | None = None) -> Found:
+        """The state at ``step`` (default: the latest the log reaches)."""
+        passed: list[str] = []
+        candidates = [(s, p) for s, p in self.snapshots() if step is None or s <= step]
+        for _, path in reversed(candidates):
+            try:
+                snap = decode_snapshot(path.read_bytes(), path)
+            except (CheckpointError, OSError) as exc:
+                passed.append(str(exc))
+                continue
+            state, tokens, problem = self._replay(snap, step)
+            if problem:
+                passed.append(problem)
+            if step is not None and state.step != step:
+                passed.append(f"{path} and the log after it reach step {state.step}, not {step}")
+                continue
+            totals = dataclasses.replace(snap.totals, tokens=snap.totals.tokens + tokens)
+            found = dataclasses.replace(snap, state=state, totals=totals)
+            return Found(found, path, tuple(passed))
+        where = f"at or before step {step} " if step is not None else ""
+        detail = "; ".join(passed) if passed else "there is none"
+        raise CheckpointError(f"no usable checkpoint {where}in {self.root}: {detail}")
+
+    def _replay(self, snap: Snapshot, until: int | None) -> tuple[PlannerState, int, str]:
+        """The snapshot's state with the logs after it applied, up to ``until``; the tokens
+        those steps held, and the first damage met (the replay stops there)."""
+        state, tokens = snap.state, 0
+        for start, path in self._logs():
+            if start < snap.step:
+                continue
+            with open(path, "rb") as f:
+                for number, line in enumerate(f, 1):
+                    if until is not None and state.step >= until:
+                        return state, tokens, ""
+                    delta = decode_delta(line)
+                    if delta is None:
+                        return state, tokens, f"{path} line {number} is damaged; stopped there"
+                    if delta.step <= state.step:
+                        continue
+                    if delta.step != state.step + 1:
+                        return state, tokens, f"{path} line {number} skips a step; stopped there"
+                    state, tokens = delta.apply(state), tokens + delta.tokens
+        return state, tokens, ""
+
+
+def open_checkpoint(path: Path, step: int | None = None) -> Found:
+    """What ``msd restore PATH`` continues from: a snapshot file (exactly its step), a job
+    folder or its ``checkpoints`` folder (the latest step, or ``step``)."""
+    if path.is_file():
+        snap = decode_snapshot(path.read_bytes(), path)
+        if step is not None and step != snap.step:
+            raise CheckpointError(f"{path} holds step {snap.step}, not {step}")
+        return Found(snap, path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    if not CheckpointStore(root).snapshots():
+        raise CheckpointError(f"{path} holds no checkpoint (no {root}/step-*.json)")
+    return CheckpointStore(root).find(step)
+
+
+def totals_of(tokens: int, samples: list[int], source_tokens: list[int]) -> Totals:
+    return Totals(int(tokens), tuple(int(x) for x in samples), tuple(int(x) for x in source_tokens))

@@ -1,0 +1,184 @@
+"""Failures survived while training runs: kill -9 of a loader, the Planner, the Constructor, a
+trainer rank, or a loader and the Planner together, at several points of a run. Every rank's
+stream must equal the run without failure, byte for byte, and no process may be left behind.
+A trainer that goes back to an earlier checkpoint of its own gets the same batches again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+import msd
+from tests.conftest import base_recipe, processes_of_launcher, read_rank_logs, start_launch
+
+STEPS = 150
+
+
+def recipe(data: Path, **overrides: Any) -> dict[str, Any]:
+    doc = base_recipe(data, steps=STEPS, checkpoint={"every_steps": 25})
+    doc["trainer"]["demo"]["step_ms"] = 20
+    for s in doc["sources"]:
+        s["repeat"] = True
+    doc.update(overrides)
+    return doc
+
+
+def digests(job: Path) -> dict[tuple[int, int], str]:
+    return {(rank, r["step"]): r["digest"] for rank, rs in read_rank_logs(job).items() for r in rs}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, small_data: Path) -> dict:
+    root = tmp_path_factory.mktemp("reference")
+    (root / "r.yaml").write_text(yaml.safe_dump(recipe(small_data), sort_keys=False))
+    proc = start_launch(root, "r.yaml")
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out + err
+    (job,) = (root / "runs").iterdir()
+    found = digests(job)
+    assert len(found) == 4 * STEPS
+    return found
+
+
+def role_pids(launcher: int, role: str) -> list[int]:
+    """The launcher's processes of one role (by their command line)."""
+    marks = {
+        "planner": "planner",
+        "loader": "loader",
+        "constructor": "constructor",
+        "trainer": "msd.trainer.demo",
+    }
+    pids = []
+    for p in processes_of_launcher(launcher):
+        try:
+            if marks[role] in " ".join(p.cmdline()):
+                pids.append(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(pids)
+
+
+def wait_for_step(job_glob: Path, step: int, proc: subprocess.Popen[str]) -> Path:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        for log in job_glob.glob("runs/*/trainer/rank-0.jsonl"):
+            if len(log.read_text().splitlines()) > step:
+                return log.parents[1]
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} was not reached (launcher exit {proc.poll()})")
+
+
+@pytest.mark.parametrize(
+    ("victims", "at_step"),
+    [
+        (("loader",), 10),
+        (("loader",), 70),
+        (("planner",), 30),
+        (("planner",), 95),
+        (("constructor",), 20),
+        (("constructor",), 110),
+        (("trainer",), 40),
+        (("trainer",), 120),
+        (("loader", "planner"), 55),
+    ],
+)
+def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
+    tmp_path: Path, small_data: Path, reference: dict, victims: tuple[str, ...], at_step: int
+) -> None:
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe(small_data), sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml")
+    try:
+        job = wait_for_step(tmp_path, at_step, proc)
+        for role in victims:
+            pids = role_pids(proc.pid, role)
+            assert pids, role
+            os.kill(pids[at_step % len(pids)], signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    state = json.loads((job / "job.json").read_text())
+    # One restart (a loader and the Planner killed together are restarted together).
+    assert len(state["recoveries"]) == 1 and state["recoveries"][0]["role"] in victims
+    assert digests(job) == reference
+    assert processes_of_launcher(proc.pid) == []
+
+
+def test_with_recovery_off_a_killed_role_stops_the_job(tmp_path: Path, small_data: Path) -> None:
+    doc = recipe(small_data, recovery={"restarts": 0})
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml")
+    wait_for_step(tmp_path, 10, proc)
+    os.kill(role_pids(proc.pid, "loader")[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "loader" in err and "SIGKILL" in err, out + err
+    assert processes_of_launcher(proc.pid) == []
+
+
+def test_a_trainer_going_back_to_its_own_earlier_checkpoint_gets_the_same_batches(
+    tmp_path: Path, small_data: Path
+) -> None:
+    """The data plane has run ahead of the step a trainer restores: it restarts there."""
+    doc = recipe(small_data, steps=60, distribute={"dp": 2}, checkpoint={"every_steps": 10})
+    del doc["trainer"]  # attached: this test's Clients are the trainers
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml")
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("runs/*/endpoints/planner")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        (job,) = (tmp_path / "runs").iterdir()
+        first = read_all(job, steps=(0, 40))
+        saved = {rank: {**state, "step": 13} for rank, (_, state) in first.items()}
+        again = read_all(job, steps=(13, 60), states=saved)
+        for rank in (0, 1):
+            assert again[rank][0][: 40 - 13] == first[rank][0][13:40]
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    state = json.loads((job / "job.json").read_text())
+    assert [r["cause"] for r in state["recoveries"]] == ["rewind"]
+
+
+def read_all(
+    job: Path, steps: tuple[int, int], states: dict[int, dict[str, Any]] | None = None
+) -> dict[int, tuple[list[bytes], dict[str, Any]]]:
+    """Both ranks' batches of ``steps`` (each rank in a thread, as two trainers would)."""
+    results: dict[int, tuple[list[bytes], dict[str, Any]]] = {}
+
+    def rank(r: int) -> None:
+        client = msd.Client(job=job, rank=r, world_size=2, local_rank=r, timeout_s=120)
+        if states is not None:
+            client.load_state_dict(states[r])
+        assert client.step == steps[0]
+        got = []
+        while client.step < steps[1]:
+            batch = client.next_batch()
+            assert batch is not None
+            got.append(batch["input_ids"].numpy().tobytes())
+        results[r] = (got, client.state_dict())
+        if client.step >= 60:
+            assert client.next_batch() is None  # the end: the launcher may finish
+        client.close()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=150)
+    assert sorted(results) == [0, 1]
+    return results
