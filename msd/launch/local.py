@@ -358,6 +358,9 @@ class LocalJob:
                 self._start_loaders()
 
     def _failed_child(self) -> procs.Child | None:
+        """A child that ended when it should not have; one killed by a signal first (the
+        others may have failed because of it: trainer ranks lose their peer)."""
+        failed = []
         for child in list(self.children):
             code = child.popen.poll()
             if code is None or (child in self.trainers and code == 0):
@@ -365,8 +368,9 @@ class LocalJob:
             if child.role == "loader" and code == 0 and self.job.retired(child.name).exists():
                 self.children.remove(child)  # replaced by a rescale, and done
                 continue
-            return child
-        return None
+            failed.append(child)
+        killed = [c for c in failed if (c.popen.returncode or 0) < 0]
+        return (killed or failed)[0] if failed else None
 
     def _describe_failure(
         self, child: procs.Child, sock: zmq.Socket[Any], status: Status | None

@@ -383,8 +383,8 @@ class Planner:
         and exit, for the launcher to restart the data plane there."""
         if self.rewind_to is not None:
             return Rewinding(step=self.rewind_to)
-        if msg.step >= self.consumed:
-            return Refused(reason=f"step {msg.step} is not consumed yet; nothing to go back to")
+        if msg.step > self.logged:
+            return Refused(reason=f"step {msg.step} was not reached yet; nothing to go back to")
         try:
             found = self.store.find(msg.step)
             self.store.rewind(found.snapshot)

@@ -59,13 +59,19 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def resume(client: Client) -> None:
-    """Continue from this rank's own checkpoint, if it has one; keep its log up to it."""
-    state_file = client.job.trainer / f"rank-{client.rank}.state.json"
+    """Continue from the last step every rank checkpointed (as a trainer restores one global
+    checkpoint: ranks killed between the barrier and their save are one step apart); keep
+    this rank's log up to it."""
     log = client.job.rank_log(client.rank)
-    if not state_file.exists():
+    states = [
+        json.loads((client.job.trainer / f"rank-{rank}.state.json").read_text())
+        for rank in range(client.world_size)
+        if (client.job.trainer / f"rank-{rank}.state.json").exists()
+    ]
+    if len(states) < client.world_size:  # a rank never finished a step: start afresh
         log.write_bytes(b"")
         return
-    state = json.loads(state_file.read_text())
+    state = min(states, key=lambda st: int(st["step"]))
     client.load_state_dict(state)
     lines = log.read_text().splitlines() if log.exists() else []
     kept = [line for line in lines if json.loads(line)["step"] < state["step"]]

@@ -21,12 +21,12 @@ import yaml
 import msd
 from tests.conftest import base_recipe, processes_of_launcher, read_rank_logs, start_launch
 
-STEPS = 150
+STEPS = 100
 
 
 def recipe(data: Path, **overrides: Any) -> dict[str, Any]:
     doc = base_recipe(data, steps=STEPS, checkpoint={"every_steps": 25})
-    doc["trainer"]["demo"]["step_ms"] = 20
+    doc["trainer"]["demo"]["step_ms"] = 10
     for s in doc["sources"]:
         s["repeat"] = True
     doc.update(overrides)
@@ -82,13 +82,13 @@ def wait_for_step(job_glob: Path, step: int, proc: subprocess.Popen[str]) -> Pat
     ("victims", "at_step"),
     [
         (("loader",), 10),
-        (("loader",), 70),
+        (("loader",), 60),
         (("planner",), 30),
-        (("planner",), 95),
+        (("planner",), 75),
         (("constructor",), 20),
-        (("constructor",), 110),
+        (("constructor",), 85),
         (("trainer",), 40),
-        (("trainer",), 120),
+        (("trainer",), 80),
         (("loader", "planner"), 55),
     ],
 )
@@ -109,8 +109,11 @@ def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
             proc.kill()
     assert proc.returncode == 0, out + err
     state = json.loads((job / "job.json").read_text())
-    # One restart (a loader and the Planner killed together are restarted together).
-    assert len(state["recoveries"]) == 1 and state["recoveries"][0]["role"] in victims
+    # One restart (a loader and the Planner killed together are restarted together); after a
+    # trainer's, ranks a step apart may go back to the step they all finished (a rewind).
+    first, *then = state["recoveries"]
+    assert first["role"] in victims and first["cause"] == "was killed by SIGKILL"
+    assert all(r["cause"] == "rewind" for r in then) and len(then) <= 1, then
     assert digests(job) == reference
     assert processes_of_launcher(proc.pid) == []
 
