@@ -6,6 +6,7 @@
     JOB/job.key                the job's CURVE keys (0600): who may talk to its Planner
     JOB/mix-history.json       every mix change made while the job ran (``msd mix``)
     JOB/loaders.json           the loader generations added while it ran (``msd rescale``)
+    JOB/shadows.json           the shadow loaders that took a lost loader's place
     JOB/retired/NAME           a loader process that finished its share and exited
     JOB/metrics.jsonl          the job's figures, one line a second (``msd report``)
     JOB/checkpoints/           snapshots of the Planner's state and the log of steps after
@@ -64,6 +65,10 @@ class JobDir:
     @property
     def rescales(self) -> Path:
         return self.root / "loaders.json"
+
+    @property
+    def shadows(self) -> Path:
+        return self.root / "shadows.json"
 
     def retired(self, loader: str) -> Path:
         return self.root / "retired" / loader.replace("/", "-")

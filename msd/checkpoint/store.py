@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -56,21 +57,41 @@ class CheckpointStore:
         self.root = root
         self.keep = max(1, keep)
         self._log: BinaryIO | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
 
     # -- writing ------------------------------------------------------------------------------
-    def write_snapshot(self, snap: Snapshot) -> Path:
+    def write_snapshot(self, snap: Snapshot, wait: bool = True) -> Path:
         """Write ``snap`` (temp file, fsync, rename); later deltas go to a new log after it; only
-        the newest ``keep`` snapshots and their logs are kept."""
+        the newest ``keep`` snapshots and their logs are kept. ``wait=False``: the file is
+        written by a background thread (the caller's loop does not wait for the disk); a crash
+        before it lands leaves the previous snapshot and the logs, which reach this step."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / snapshot_name(snap.step)
-        atomic_write(path, encode_snapshot(snap))
-        self.close()
+        data = encode_snapshot(snap)
+        self.wait()
+        self.close_log()
         # A new, empty log: lines a log of this step held from an earlier life are stale.
         self._log = open(self.root / log_name(snap.step), "wb")  # noqa: SIM115 - kept open
+        if wait:
+            self._write(path, data)
+        else:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="msd-checkpoint")
+            self._pending = self._writer.submit(self._write, path, data)
+        return path
+
+    def _write(self, path: Path, data: bytes) -> None:
+        atomic_write(path, data)
         for step, old in self.snapshots()[: -self.keep]:
             old.unlink(missing_ok=True)
             (self.root / log_name(step)).unlink(missing_ok=True)
-        return path
+
+    def wait(self) -> None:
+        """Until a snapshot being written in the background has landed (its error, if any)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
 
     def rewind(self, snap: Snapshot) -> Path:
         """Make ``snap`` the latest: the snapshots and logs of later steps are deleted (the
@@ -90,10 +111,20 @@ class CheckpointStore:
         self._log.write(encode_delta(delta))
         self._log.flush()
 
-    def close(self) -> None:
+    def close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def close(self) -> None:
+        """Finish what is being written; close the log."""
+        try:
+            self.wait()
+        finally:
+            self.close_log()
+            if self._writer is not None:
+                self._writer.shutdown()
+                self._writer = None
 
     # -- reading ------------------------------------------------------------------------------
     def snapshots(self) -> list[tuple[int, Path]]:

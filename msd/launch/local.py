@@ -29,17 +29,18 @@ from msd.checkpoint.store import CheckpointStore
 from msd.control.client import planner_socket
 from msd.control.history import write_history
 from msd.control.rescales import load_rescales
+from msd.control.shadows import acting_as, load_takeovers, shadows_used
 from msd.errors import MsdError
 from msd.jobdir import JobDir
 from msd.launch import procs
-from msd.plan.partition import loader_processes
+from msd.plan.partition import find_process, loader_processes
 from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.roles.constructor import constructor_endpoint_name
 from msd.roles.planner import REWIND_EXIT
 from msd.wire import transport
 from msd.wire.keys import create_keys
-from msd.wire.protocol import Status, StatusRequest, Stop
+from msd.wire.protocol import LoaderLost, Status, StatusRequest, Stop
 
 POLL_S = 0.1
 STATUS_EVERY_S = 0.5
@@ -163,7 +164,7 @@ class LocalJob:
         self.children: list[procs.Child] = []
         self.trainers: list[procs.Child] = []
         self.loader_names: set[str] = set()
-        self.rescales_seen = 0.0  # mtime of JOB/loaders.json when last read
+        self.rescales_seen = (0.0, 0.0)  # mtimes of JOB/loaders.json, JOB/shadows.json
         self.env = {**os.environ, "MSD_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         self.restarts_left = recipe.recovery.restarts
         self.recoveries: list[dict[str, Any]] = []
@@ -194,7 +195,8 @@ class LocalJob:
         """Every loader process not started yet: the recipe's, and each rescale's (the Planner
         records a rescale in ``JOB/loaders.json`` and waits for its processes)."""
         rescales = load_rescales(self.job.rescales, self.recipe)
-        for process in loader_processes(self.recipe, rescales):
+        used = shadows_used(self.recipe, load_takeovers(self.job.shadows, self.recipe))
+        for process in loader_processes(self.recipe, rescales, used):
             if process.name not in self.loader_names:
                 self.loader_names.add(process.name)
                 argv = procs.role_argv("loader", self.job.root, "--name", process.name)
@@ -307,8 +309,11 @@ class LocalJob:
         if not rewind:
             self.restarts_left -= 1
         started = time.monotonic()
+        how = "restarted"
         if child.role == "trainer":
             self._restart_trainers()
+        elif child.role == "loader" and self._to_shadow(child):
+            how = "shadow"
         else:
             self._restart_data_plane()
         self.recoveries.append(
@@ -316,11 +321,32 @@ class LocalJob:
                 "role": child.role,
                 "name": child.name,
                 "cause": "rewind" if rewind else child.describe_exit(),
+                "how": how,
                 "time": time.time(),
                 "restart_s": round(time.monotonic() - started, 3),
             }
         )
         self._write_job_json("running")
+        return True
+
+    def _to_shadow(self, child: procs.Child) -> bool:
+        """A dead loader process of a source with shadows: a dead shadow is started again; a
+        dead loader (or a shadow that had become one) is reported to the Planner, which hands
+        its place to a shadow (and records it: a new shadow starts). False: no shadows."""
+        takeovers = load_takeovers(self.job.shadows, self.recipe)
+        used = shadows_used(self.recipe, takeovers)
+        rescales = load_rescales(self.job.rescales, self.recipe)
+        name = acting_as(takeovers).get(child.name, child.name)
+        process = find_process(self.recipe, name, rescales, used)
+        if not any(self.recipe.sources[s].shadows for s in process.sources):
+            return False
+        self.children.remove(child)
+        if process.standby is not None:  # a shadow standing by: another takes its place
+            self._role(
+                "loader", child.name, procs.role_argv("loader", self.job.root, "--name", child.name)
+            )
+        elif self.sock is not None:
+            transport.send(self.sock, LoaderLost(name=name))
         return True
 
     def _restart_data_plane(self) -> None:
@@ -351,11 +377,14 @@ class LocalJob:
         return status is not None and status.state == "done"
 
     def _follow_rescales(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            mtime = self.job.rescales.stat().st_mtime
-            if mtime != self.rescales_seen:
-                self.rescales_seen = mtime
-                self._start_loaders()
+        """Start the loaders a rescale or a shadow's take-over added."""
+        mtimes = tuple(
+            path.stat().st_mtime if path.exists() else 0.0
+            for path in (self.job.rescales, self.job.shadows)
+        )
+        if mtimes != self.rescales_seen:
+            self.rescales_seen = (mtimes[0], mtimes[1])
+            self._start_loaders()
 
     def _failed_child(self) -> procs.Child | None:
         """A child that ended when it should not have; one killed by a signal first (the

@@ -104,12 +104,15 @@ def decide(
     settings: Settings,
 ) -> list[int]:
     """The loaders each source should have now: up at once, down after ``calm`` low
-    decisions, within ``max_loaders`` in all. ``low_for[s]``: decisions in a row (this one
-    included) that source s needed fewer than it has."""
+    decisions and only by a quarter or more (a rescale starts new processes: a loader too many
+    costs less than the churn of going back and forth at the edge), within ``max_loaders``
+    in all. ``low_for[s]``: decisions in a row (this one included) that source s needed fewer
+    than it has."""
     targets = []
     for load, need, low in zip(loads, needs, low_for, strict=True):
         up = need is not None and need > load.loaders
-        calm_down = need is not None and need < load.loaders and low >= settings.calm
+        worth = need is not None and need <= load.loaders - math.ceil(load.loaders / 4)
+        calm_down = worth and low >= settings.calm
         targets.append(need if need is not None and (up or calm_down) else load.loaders)
     total = sum(targets)
     if total <= settings.max_loaders:

@@ -13,6 +13,11 @@ A source read by several shards gets one process per shard (it is heavy: that is
 several). Sources with ``loaders: 1`` are light ones: up to ``loader.sources_per_process`` of
 them, in recipe order, share one process, so a thousand sources need not mean a thousand
 processes. A rescale's shards each get their own process, named ``SOURCE@GENERATION/INDEX``.
+
+A source with ``shadows: K`` (always in processes of its own) also gets K hot-standby processes,
+``SOURCE~shadow-k``: each opens the source and waits; when a loader of the source dies, one of
+them takes its place (it becomes that loader, by name) and one more shadow is started, so the
+job's ``JOB/shadows.json`` (how many were used per source) adds to the processes.
 """
 
 from __future__ import annotations
@@ -48,12 +53,21 @@ class Shard:
 
 @dataclass(frozen=True)
 class LoaderProcess:
+    """``standby``: a shadow of that source (no shards until it takes a loader's place)."""
+
     name: str
     shards: tuple[Shard, ...]
+    standby: int | None = None
 
     @property
     def sources(self) -> tuple[int, ...]:
+        if self.standby is not None:
+            return (self.standby,)
         return tuple(sorted({shard.source for shard in self.shards}))
+
+
+def shadow_name(source: str, k: int) -> str:
+    return f"{source}~shadow-{k}"
 
 
 def loader_name(source: str, index: int, generation: int = 0) -> str:
@@ -88,10 +102,11 @@ def span(table: list[list[Generation]], shard: Shard) -> tuple[int | None, int |
 
 
 def loader_processes(
-    recipe: Recipe, rescales: Sequence[Generation] = ()
+    recipe: Recipe, rescales: Sequence[Generation] = (), shadows_used: Sequence[int] = ()
 ) -> tuple[LoaderProcess, ...]:
     """Every loader process of the job, in a fixed order: the recipe's (each source's first
-    shard in recipe order), then each rescale's."""
+    shard in recipe order), then each rescale's, then the shadows (``shadows_used[s]``: how
+    many of source s's took a loader's place: as many more were started)."""
     per_process = max(1, recipe.loader.sources_per_process)
     names = [s.name for s in recipe.sources]
     grouped = {names.index(n): g for g, group in enumerate(recipe.loader.groups) for n in group}
@@ -111,7 +126,7 @@ def loader_processes(
                 members = tuple(sorted(i for i, g in grouped.items() if g == grouped[s]))
                 processes.append(_shared(recipe, members))
             continue
-        if loaders > 1 or per_process == 1:
+        if loaders > 1 or per_process == 1 or source.shadows:
             close_group()
             processes += [
                 LoaderProcess(loader_name(source.name, i), (Shard(s, i),)) for i in range(loaders)
@@ -127,6 +142,12 @@ def loader_processes(
             LoaderProcess(loader_name(name, i, g.number), (Shard(g.source, i, g.number),))
             for i in range(g.loaders)
         ]
+    for s, source in enumerate(recipe.sources):
+        used = shadows_used[s] if s < len(shadows_used) else 0
+        processes += [
+            LoaderProcess(shadow_name(source.name, k), (), standby=s)
+            for k in range(source.shadows + used)
+        ]
     return tuple(processes)
 
 
@@ -136,9 +157,14 @@ def _shared(recipe: Recipe, sources: tuple[int, ...]) -> LoaderProcess:
     return LoaderProcess(name, tuple(Shard(s, 0) for s in sources))
 
 
-def find_process(recipe: Recipe, name: str, rescales: Sequence[Generation] = ()) -> LoaderProcess:
+def find_process(
+    recipe: Recipe,
+    name: str,
+    rescales: Sequence[Generation] = (),
+    shadows_used: Sequence[int] = (),
+) -> LoaderProcess:
     """The loader process called ``name``; KeyError names the ones there are."""
-    processes = loader_processes(recipe, rescales)
+    processes = loader_processes(recipe, rescales, shadows_used)
     for process in processes:
         if process.name == name:
             return process

@@ -71,6 +71,8 @@ def _check_source(key: str, source: Source) -> list[Problem]:
         problems.append(Problem(f"{key}.path", "is empty; set a glob of Parquet files"))
     problems += _check_columns(key, source)
     problems += _check_transform(f"{key}.transform", source.transform)
+    fix = "keep 0 or more hot-standby loaders"
+    problems += _at_least(f"{key}.shadows", source.shadows, 0, fix)
     if source.loaders == "auto":
         return problems
     return problems + _at_least(
@@ -199,11 +201,24 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     if not (math.isfinite(every) and every > 0):
         fix = "write a line every few seconds, e.g. 5"
         problems.append(Problem("metrics.every_s", f"must be a number > 0, got {every}; {fix}"))
+    heartbeat = recipe.loader.heartbeat_s
+    if not (math.isfinite(heartbeat) and heartbeat >= 2 * 1.0):
+        fix = "loaders report every second: allow at least 2"
+        problems.append(Problem("loader.heartbeat_s", f"must be >= 2, got {heartbeat}; {fix}"))
     fix = "snapshot every K steps, or 0 for only on `msd checkpoint`"
     problems += _at_least("checkpoint.every_steps", recipe.checkpoint.every_steps, 0, fix)
     problems += _at_least("checkpoint.keep", recipe.checkpoint.keep, 1, "keep at least 1")
     fix = "restart a role at most this many times, 0 for never"
     problems += _at_least("recovery.restarts", recipe.recovery.restarts, 0, fix)
+    if not recipe.checkpoint.enabled and recipe.recovery.restarts > 0:
+        why = "a restarted data plane continues from the job's checkpoints"
+        problems.append(
+            Problem(
+                "recovery.restarts",
+                f"is {recipe.recovery.restarts} with checkpoint.enabled false; {why}: "
+                "set recovery.restarts: 0 or enable checkpoints",
+            )
+        )
     return problems
 
 
@@ -226,6 +241,9 @@ def _check_groups(recipe: Recipe) -> list[Problem]:
                         where, f"names {name!r}, which has loaders: {names[name].loaders}; {fix}"
                     )
                 )
+            elif names[name].shadows:
+                fix = "a source with shadows has loader processes of its own"
+                problems.append(Problem(where, f"names {name!r}, which has shadows; {fix}"))
             seen.add(name)
     return problems
 

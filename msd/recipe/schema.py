@@ -28,7 +28,11 @@ class Transform(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One data source: Parquet files matched by ``path`` (a glob)."""
+    """One data source: Parquet files matched by ``path`` (a glob).
+
+    shadows: hot-standby loader processes with the source open; one takes over the work of a
+    loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
+    """
 
     name: str
     path: str
@@ -38,6 +42,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     transform: Transform = Transform()
     repeat: bool = True
     loaders: int | Literal["auto"] = 1
+    shadows: int = 0
 
 
 class Distribute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -123,6 +128,8 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         machine's CPUs); ``msd plan`` shows how they are shared out.
     groups: sources (by name) that share one loader process each; ``loaders: auto`` writes
         them into the job's recipe.
+    heartbeat_s: a loader silent this long is taken for dead (loaders report every second);
+        a shadow of its source takes its work over.
     """
 
     block_row_groups: int = 1
@@ -131,6 +138,7 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     cpus: int | None = None
     groups: tuple[tuple[str, ...], ...] = ()
     autoscale: Autoscale = Autoscale()
+    heartbeat_s: float = 3.0
 
 
 class ConstructorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -153,10 +161,13 @@ class CheckpointOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
     """every_steps: a snapshot of the Planner's state every this many consumed steps (0: only
         on ``msd checkpoint``); each consumed step in between is a line of the log.
     keep: snapshots kept (older ones and their logs are deleted).
+    enabled: false writes nothing (then ``recovery.restarts`` must be 0: a restart would have
+        nothing to continue from).
     """
 
     every_steps: int = 100
     keep: int = 3
+    enabled: bool = True
 
 
 class RecoveryOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -121,12 +121,16 @@ class Constructor:
             _, msg, buffers = transport.recv(self.payloads_in)
             if not isinstance(msg, Payload):
                 continue
+            if msg.step < self.built_upto or msg.step in self.built:
+                continue  # built already: a shadow sent again what a lost loader had sent
             tokens = np.frombuffer(buffers[0], dtype=np.int32)  # a view: no copy
             bounds = np.cumsum((0, *msg.lengths))
+            new = 0
             for i, key in enumerate(zip(msg.source, msg.gpos, strict=True)):
+                new += key not in self.payloads
                 self.payloads[key] = tokens[bounds[i] : bounds[i + 1]]
-            if msg.step in self.missing:
-                self.missing[msg.step] -= len(msg.gpos)
+            if msg.step in self.missing:  # else its plan has not come yet: counted then
+                self.missing[msg.step] -= new
                 self._maybe_build(msg.step)
 
     def _on_plan(self, plan: Plan) -> None:

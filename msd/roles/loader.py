@@ -28,6 +28,7 @@ import zmq
 
 from msd.checkpoint.resume import first_positions, latest_state
 from msd.control.rescales import load_rescales
+from msd.control.shadows import load_takeovers, shadows_used
 from msd.jobdir import JobDir
 from msd.plan.order import EpochOrder, make_blocks
 from msd.plan.partition import Generation, LoaderProcess, Shard, find_process, generations, span
@@ -40,6 +41,7 @@ from msd.sources.transforms import make_transform
 from msd.wire import transport
 from msd.wire.protocol import (
     DISCARD,
+    Adopt,
     Cut,
     CutAt,
     GenerationStart,
@@ -366,7 +368,12 @@ class Loader:
         recipe: Recipe,
         process: LoaderProcess,
         rescales: tuple[Generation, ...] = (),
+        planner: zmq.Socket[Any] | None = None,
+        first: dict[int, int] | None = None,
     ) -> None:
+        """``planner``: a socket to it already open (a shadow's); ``first``: the position each
+        source's shard reads from (a shadow taking a lost loader's place), else the job's
+        checkpoint says."""
         self.job, self.recipe, self.name = job, recipe, process.name
         self.reader = RowGroupReader(max_open_files=min(MAX_OPEN_FILES, 4 * len(process.shards)))
         table = generations(recipe, rescales)
@@ -374,12 +381,14 @@ class Loader:
             shard.source: SourceShard(recipe, shard, self.reader, span(table, shard))
             for shard in process.shards
         }
-        state = latest_state(job)
-        if state is not None:  # a job continuing from a checkpoint
-            first = first_positions(state)
-            for shard in self.shards.values():
+        if first is None:
+            state = latest_state(job)
+            if state is not None:  # a job continuing from a checkpoint
+                first = dict(enumerate(first_positions(state)))
+        for shard in self.shards.values():
+            if first is not None:
                 shard.resume_at(first[shard.source])
-        self.planner = connect_planner(job, f"loader/{self.name}")
+        self.planner = planner or connect_planner(job, f"loader/{self.name}")
         self.constructors: list[zmq.Socket[Any]] = []
 
     def run(self) -> None:
@@ -475,6 +484,32 @@ class Loader:
             self.shards[source].forget(gpos)
 
 
+def stand_by(
+    job: JobDir, recipe: Recipe, process: LoaderProcess
+) -> tuple[zmq.Socket[Any], Adopt] | None:
+    """A shadow: keep the source open and report once a second until the Planner hands over a
+    lost loader's place (``Adopt``); None if the job stops first."""
+    assert process.standby is not None
+    source = process.standby
+    open_source(recipe.sources[source], f"sources[{source}]")  # its files' metadata, warm
+    planner = connect_planner(job, f"loader/{process.name}")
+    transport.send(planner, hello("loader", process.name, sources=(source,), standby=source))
+    print(f"loader {process.name}: standing by for {recipe.sources[source].name}", flush=True)
+    next_stats = 0.0
+    while True:
+        if time.monotonic() >= next_stats:
+            next_stats = time.monotonic() + STATS_EVERY_S
+            cpu_s, pss = process_usage()
+            host = socket.gethostname()
+            transport.send(planner, Stats("loader", process.name, host, os.getpid(), cpu_s, pss))
+        if planner.poll(100):
+            msg = transport.recv(planner)[1]
+            if isinstance(msg, Adopt):
+                return planner, msg
+            if isinstance(msg, Stop):
+                return None
+
+
 def main(job: JobDir, name: str) -> None:
     started = time.monotonic()
     # The C library's allocator, trimmed after each block (``_open_visit``), gives freed blocks
@@ -482,7 +517,19 @@ def main(job: JobDir, name: str) -> None:
     pa.set_memory_pool(pa.system_memory_pool())
     recipe = job.recipe()
     rescales = load_rescales(job.rescales, recipe)
-    loader = Loader(job, recipe, find_process(recipe, name, rescales), rescales)
+    used = shadows_used(recipe, load_takeovers(job.shadows, recipe))
+    process = find_process(recipe, name, rescales, used)
+    planner, first = None, None
+    if process.standby is not None:
+        adopted = stand_by(job, recipe, process)
+        if adopted is None:
+            return
+        planner, adopt = adopted
+        rescales = load_rescales(job.rescales, recipe)
+        process = find_process(recipe, adopt.name, rescales, used)
+        first = dict(zip(process.sources, adopt.first, strict=True))
+        print(f"loader {name}: now {adopt.name}, from positions {adopt.first}", flush=True)
+    loader = Loader(job, recipe, process, rescales, planner, first)
     print(
         f"loader {loader.name} ({len(loader.shards)} sources) ready in "
         f"{time.monotonic() - started:.2f} s",

@@ -23,6 +23,7 @@ from msd.checkpoint.store import CheckpointStore
 from msd.control.history import change_json, load_history, make_change, write_history
 from msd.control.metrics import Histogram, MetricsServer
 from msd.control.rescales import load_rescales, write_rescales
+from msd.control.shadows import Takeover, load_takeovers, write_takeovers
 from msd.control.view import JobObserver, metrics_line
 from msd.errors import CheckpointError, MsdError, ProtocolError
 from msd.jobdir import JobDir
@@ -39,6 +40,7 @@ from msd.wire import transport
 from msd.wire.protocol import (
     DISCARD,
     PROTOCOL_VERSION,
+    Adopt,
     CheckpointTaken,
     ConstructorInfo,
     Cut,
@@ -47,6 +49,7 @@ from msd.wire.protocol import (
     Failure,
     GenerationStart,
     Hello,
+    LoaderLost,
     Meta,
     MixSet,
     Plan,
@@ -126,8 +129,19 @@ class Planner:
         ctx = transport.context()
         self.auth = transport.admit_only(ctx, keys)  # only holders of the job's key get in
         self.sock, endpoint = transport.bind(ctx, zmq.ROUTER, keys)
-        self.expected_loaders = len(loader_processes(recipe))
         self.rescales = list(load_rescales(job.rescales, recipe))
+        self.takeovers = list(load_takeovers(job.shadows, recipe))
+        self.expected_loaders = {
+            p.name for p in loader_processes(recipe, self.rescales) if p.standby is None
+        }
+        self.seen_loaders: set[str] = set()
+        self.standby: dict[int, list[Peer]] = {}  # source → its shadows, waiting
+        self.last_seen: dict[bytes, float] = {}  # a loader's (or shadow's) last message
+        # Per step not yet built everywhere: what each loader was told to send (identity,
+        # source, gpos, destinations), so a shadow can send it if that loader is lost.
+        self.inflight: dict[int, list[tuple[bytes, int, int, tuple[int, ...]]]] = {}
+        self.reroute: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+        self.lost: set[bytes] = set()
         self.cut_at: dict[int, dict[bytes, int | None]] = {}  # source → its current shards' replies
         auto = recipe.loader.autoscale
         self.autoscale = (
@@ -185,7 +199,9 @@ class Planner:
             print(f"planner: continuing from step {self.state.step} ({resumed.path})", flush=True)
             for problem in resumed.passed_over:
                 print(f"planner: passed over: {problem}", flush=True)
-        self.snapshot()  # the log goes on after it
+        self.checkpoints = recipe.checkpoint.enabled
+        if self.checkpoints:
+            self.snapshot()  # the log goes on after it
         job.publish("planner", endpoint)
 
     # -- the loop -----------------------------------------------------------------------------
@@ -200,7 +216,7 @@ class Planner:
             if self.running:
                 self._plan_ahead()
                 if self.logged < self.consumed and self._log_consumed():
-                    self.snapshot()
+                    self.snapshot(wait=False)
             if time.monotonic() >= self.next_tick:
                 self._tick()
             if self.autoscale is not None and self.running and time.monotonic() >= self.next_scale:
@@ -219,6 +235,9 @@ class Planner:
         return True
 
     def _handle(self, identity: bytes, msg: Any) -> None:
+        if identity in self.lost:
+            return  # a loader taken for lost (hung) that woke up: a shadow has its place
+        self.last_seen[identity] = time.monotonic()
         if isinstance(msg, Meta):
             self._on_meta(identity, msg)
         elif isinstance(msg, Progress):
@@ -237,6 +256,8 @@ class Planner:
             transport.send(self.sock, self._on_take_checkpoint(), to=identity)
         elif isinstance(msg, Rewind):
             transport.send(self.sock, self._on_rewind(msg), to=identity)
+        elif isinstance(msg, LoaderLost):
+            self._lost(msg.name, "its process died")
         elif isinstance(msg, CutAt):
             self._on_cut_at(identity, msg)
         elif isinstance(msg, Retired):
@@ -256,12 +277,18 @@ class Planner:
                 f"the planner {PROTOCOL_VERSION}"
             )
         self.observer.on_hello(identity.hex(), msg)
-        if msg.role == "loader":
+        if msg.role == "loader" and msg.standby >= 0:
+            self.standby.setdefault(msg.standby, []).append(Peer(identity, msg))
+        elif msg.role == "loader":
             self.loaders[msg.name] = Peer(identity, msg)
-            if self.running:  # a rescale's new loader
+            self.seen_loaders.add(msg.name)
+            if self.running:  # a rescale's new loader, or a shadow taking a lost one's place
                 transport.send(self.sock, self._welcome(), to=identity)
                 for source in msg.sources:
                     self._maybe_cut(source)
+                    if source in self.wanted:
+                        want = Want(source=source, gpos=self.wanted[source])
+                        transport.send(self.sock, want, to=identity)
         elif msg.role == "constructor":
             taken = self.ranks & set(msg.ranks)
             if taken:
@@ -281,7 +308,7 @@ class Planner:
 
     def _all_registered(self) -> bool:
         everyone = set(range(self.topology.world_size))
-        return len(self.loaders) == self.expected_loaders and self.ranks == everyone
+        return self.expected_loaders <= self.seen_loaders and self.ranks == everyone
 
     def _welcome(self) -> Welcome:
         infos = tuple(
@@ -303,12 +330,24 @@ class Planner:
     def _on_meta(self, identity: bytes, msg: Meta) -> None:
         known = self.known[msg.source]
         unneeded = []
+        rerouted: dict[int, list[tuple[int, int, int]]] = {}
         for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
             gpos = msg.gpos_start + offset
-            if gpos < self.start.cursors[msg.source] and not needed(self.start, msg.source, gpos):
-                unneeded.append(gpos)  # placed before the step this job continues from
+            if (msg.source, gpos) in self.reroute:  # a lost loader's: to the step it was for
+                step, dests = self.reroute.pop((msg.source, gpos))
+                rerouted.setdefault(step, []).extend((msg.source, gpos, d) for d in dests)
+            elif not needed(self.state, msg.source, gpos):
+                unneeded.append(gpos)  # placed already (before a restart, or by a lost loader)
             else:
                 known[gpos] = (length, sample_id, identity)
+        for step, entries in rerouted.items():
+            route = Route(
+                step=step,
+                source=tuple(e[0] for e in entries),
+                gpos=tuple(e[1] for e in entries),
+                constructor=tuple(e[2] for e in entries),
+            )
+            transport.send(self.sock, route, to=identity)
         if unneeded:
             route = Route(
                 step=self.start.step,
@@ -324,12 +363,15 @@ class Planner:
         self.step_bytes[index] = max(self.step_bytes.get(index, 0), msg.step_bytes)
         self.built[index] = max(self.built.get(index, 0), msg.built)
         self.graph.on_delivered(min(self.built.values()))
+        if len(self.built) == len(self.constructors):
+            for step in [s for s in self.inflight if s < min(self.built.values())]:
+                del self.inflight[step]
         self.observer.on_waits(msg.waits_s)
         self.wait_hist.observe_many(msg.waits_s)
         due = self._log_consumed()
         self._count_consumed()
         if due:
-            self.snapshot()
+            self.snapshot(wait=False)
 
     @property
     def consumed(self) -> int:
@@ -340,6 +382,11 @@ class Planner:
         """A log line per step newly consumed by every rank; whether a snapshot is due."""
         due = False
         every = self.recipe.checkpoint.every_steps
+        if not self.checkpoints:  # nothing written; the states are not kept either
+            for step in [s for s in self.states if s < self.consumed]:
+                del self.states[step]
+            self.logged = max(self.states)
+            return False
         # Ranks may be ahead of what this Planner has planned (it restarted behind them):
         # the log follows the steps as they are planned.
         while self.logged < self.consumed and self.logged + 1 in self.states:
@@ -351,8 +398,9 @@ class Planner:
             due = due or (every > 0 and step % every == 0)
         return due
 
-    def snapshot(self) -> tuple[Path, int, float]:
-        """Write the state at the step every rank has consumed; (path, bytes, seconds)."""
+    def snapshot(self, wait: bool = True) -> tuple[Path, int, float]:
+        """Write the state at the step every rank has consumed; (path, bytes, seconds).
+        ``wait=False``: the file is written in the background (bytes then reads 0)."""
         started = time.perf_counter()
         snap = Snapshot(
             state=self.states[self.logged],
@@ -367,10 +415,13 @@ class Planner:
             ),
             created=time.time(),
         )
-        path = self.store.write_snapshot(snap)
-        return path, path.stat().st_size, time.perf_counter() - started
+        path = self.store.write_snapshot(snap, wait=wait)
+        size = path.stat().st_size if wait else 0
+        return path, size, time.perf_counter() - started
 
     def _on_take_checkpoint(self) -> CheckpointTaken | Refused:
+        if not self.checkpoints:
+            return Refused(reason="this job's recipe has checkpoint.enabled: false")
         try:
             path, size, seconds = self.snapshot()
         except OSError as exc:
@@ -393,6 +444,58 @@ class Planner:
         print(f"planner: a trainer went back to step {msg.step}; restarting there", flush=True)
         self.rewind_to = msg.step
         return Rewinding(step=msg.step)
+
+    def _lost(self, name: str, why: str) -> None:
+        """Loader ``name`` died or hung: a shadow of its source takes its place: it reads the
+        lost loader's shards from the first position still needed, and what the lost one
+        was told to send to steps not built yet goes to those steps again."""
+        peer = self.loaders.pop(name, None)
+        if peer is None:  # a shadow, or gone already
+            for source, peers in self.standby.items():
+                self.standby[source] = [p for p in peers if p.hello.name != name]
+            return
+        self.observer.on_retired(peer.identity.hex())
+        self.lost.add(peer.identity)
+        sources = peer.hello.sources
+        shadows = self.standby.get(sources[0], []) if len(sources) == 1 else []
+        if not shadows:
+            print(f"planner: loader {name} lost ({why}); no shadow stands by", flush=True)
+            return
+        shadow = shadows.pop(0)
+        for step, entries in self.inflight.items():
+            for identity, source, gpos, dests in entries:
+                if identity == peer.identity:
+                    self.reroute[(source, gpos)] = (step, dests)
+        for source in sources:  # what it reported and held is gone with it
+            known = self.known[source]
+            for gpos in [g for g, entry in known.items() if entry[2] == peer.identity]:
+                del known[gpos]
+        self.blocked = None
+        first = tuple(
+            min(
+                [
+                    self.state.cursors[s],
+                    *(g for src, g in self.state.carry if src == s),
+                    *(g for src, g in self.reroute if src == s),
+                ]
+            )
+            for s in sources
+        )
+        transport.send(self.sock, Adopt(name=name, first=first), to=shadow.identity)
+        self.takeovers.append(
+            Takeover(name, shadow.hello.name, sources[0], self.consumed, time.time())
+        )
+        write_takeovers(self.job.shadows, self.recipe, self.takeovers)
+        print(f"planner: loader {name} lost ({why}); {shadow.hello.name} takes over", flush=True)
+
+    def _check_heartbeats(self) -> None:
+        """A loader or shadow silent for ``loader.heartbeat_s`` is taken for lost."""
+        limit = time.monotonic() - self.recipe.loader.heartbeat_s
+        for name, peer in list(self.loaders.items()):
+            if self.last_seen.get(peer.identity, limit + 1) < limit:
+                self._lost(name, f"silent for {self.recipe.loader.heartbeat_s:g} s")
+        for source, peers in self.standby.items():
+            self.standby[source] = [p for p in peers if self.last_seen.get(p.identity, 0) >= limit]
 
     def _count_consumed(self) -> None:
         self.graph.on_consumed(self.consumed)
@@ -477,9 +580,11 @@ class Planner:
         for source, gpos in plan.dropped:
             loader = self.known[source][gpos][2]
             routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
+        inflight = self.inflight.setdefault(plan.step, [])
         for loader, by_key in routes.items():  # one Route per loader process
             for source, gpos in by_key:
                 self.known[source].pop(gpos)
+            inflight += [(loader, s, g, tuple(ds)) for (s, g), ds in by_key.items()]
             entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
             route = Route(
                 step=plan.step,
@@ -501,7 +606,8 @@ class Planner:
 
     # -- status and shutdown ------------------------------------------------------------------
     def _broadcast(self, msg: Stop) -> None:
-        for peer in [*self.loaders.values(), *self.constructors]:
+        shadows = [p for peers in self.standby.values() for p in peers]
+        for peer in [*self.loaders.values(), *shadows, *self.constructors]:
             transport.send(self.sock, msg, to=peer.identity)
 
     def _rank_costs(self, plan: StepPlan) -> np.ndarray:
@@ -661,6 +767,8 @@ class Planner:
         """Refresh the view: rates, the metrics endpoint, a line of ``metrics.jsonl``."""
         now = time.monotonic()
         self.next_tick = now + TICK_S
+        if self.running:
+            self._check_heartbeats()
         view = self.view()
         if self.metrics is not None:
             self.metrics.update(view, self.wait_hist.snapshot(), self.plan_hist.snapshot())

@@ -53,6 +53,8 @@ class Kind(enum.IntEnum):
     BEHIND = 29
     REWIND = 30
     REWINDING = 31
+    ADOPT = 32
+    LOADER_LOST = 33
 
 
 class _Msg(msgspec.Struct, frozen=True, array_like=True, tag_field="kind"):
@@ -71,6 +73,7 @@ class Hello(_Msg, frozen=True, tag=int(Kind.HELLO)):
     ranks: tuple[int, ...] = ()
     sources: tuple[int, ...] = ()
     generations: tuple[int, ...] = ()  # a loader: the generation of each source's shard
+    standby: int = -1  # a shadow loader: the source it stands by for
 
 
 class ConstructorInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -357,6 +360,20 @@ class Rewinding(_Msg, frozen=True, tag=int(Kind.REWINDING)):
     step: int
 
 
+class Adopt(_Msg, frozen=True, tag=int(Kind.ADOPT)):
+    """Planner → a shadow: become loader ``name`` (lost); read its shards from positions
+    ``first`` (one per source of it) on."""
+
+    name: str
+    first: tuple[int, ...]
+
+
+class LoaderLost(_Msg, frozen=True, tag=int(Kind.LOADER_LOST)):
+    """Launcher → Planner: the process of loader ``name`` has died."""
+
+    name: str
+
+
 # -- what `msd status` shows (field names are the `--json` keys; docs/status.md) ----------------
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
     state: str
@@ -484,6 +501,8 @@ Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged st
     Behind,
     Rewind,
     Rewinding,
+    Adopt,
+    LoaderLost,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

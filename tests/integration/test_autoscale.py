@@ -36,4 +36,5 @@ def test_loaders_are_added_before_the_ramp_and_trainers_do_not_wait(
     # Without autoscaling the trainers wait once slow dominates; with it they do not.
     assert np.percentile(fixed_after, 99) > 20.0
     assert fixed_after.mean() > 4 * auto_after.mean()
-    assert np.percentile(auto_after, 99) < np.percentile(fixed_after, 99) / 4
+    auto_p99 = np.percentile(waits(auto, WARMUP, STEPS), 99)  # the whole run once warm
+    assert auto_p99 < np.percentile(fixed_after, 99) / 4

@@ -206,7 +206,7 @@ def test_mix_at_step_changes_shares_from_that_step_and_replays(
     second.mkdir()
     with running_job(first, recipe) as (job, proc):
         planned = request(job, StatusRequest(), Status).view.job.planned
-        at = planned + 80  # the command takes seconds to start; the job runs on
+        at = planned + 200  # the command takes seconds to start (more on a busy machine)
         result = msd(
             "mix",
             str(job.root),

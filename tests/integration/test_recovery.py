@@ -79,41 +79,45 @@ def wait_for_step(job_glob: Path, step: int, proc: subprocess.Popen[str]) -> Pat
 
 
 @pytest.mark.parametrize(
-    ("victims", "at_step"),
+    ("victims", "at_steps"),
     [
-        (("loader",), 10),
-        (("loader",), 60),
-        (("planner",), 30),
-        (("planner",), 75),
-        (("constructor",), 20),
-        (("constructor",), 85),
-        (("trainer",), 40),
-        (("trainer",), 80),
-        (("loader", "planner"), 55),
+        (("loader",), (10, 60)),
+        (("planner",), (30, 75)),
+        (("constructor",), (20, 85)),
+        (("trainer",), (40, 80)),
+        (("loader", "planner"), (55,)),
     ],
 )
 def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
-    tmp_path: Path, small_data: Path, reference: dict, victims: tuple[str, ...], at_step: int
+    tmp_path: Path,
+    small_data: Path,
+    reference: dict,
+    victims: tuple[str, ...],
+    at_steps: tuple[int, ...],
 ) -> None:
+    """Each role killed at two points of one run (or a loader and the Planner together)."""
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe(small_data), sort_keys=False))
     proc = start_launch(tmp_path, "r.yaml")
     try:
-        job = wait_for_step(tmp_path, at_step, proc)
-        for role in victims:
-            pids = role_pids(proc.pid, role)
-            assert pids, role
-            os.kill(pids[at_step % len(pids)], signal.SIGKILL)
+        for at_step in at_steps:
+            job = wait_for_step(tmp_path, at_step, proc)
+            for role in victims:
+                pids = role_pids(proc.pid, role)
+                assert pids, role
+                os.kill(pids[at_step % len(pids)], signal.SIGKILL)
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out + err
-    state = json.loads((job / "job.json").read_text())
-    # One restart (a loader and the Planner killed together are restarted together); after a
-    # trainer's, ranks a step apart may go back to the step they all finished (a rewind).
-    first, *then = state["recoveries"]
-    assert first["role"] in victims and first["cause"] == "was killed by SIGKILL"
-    assert all(r["cause"] == "rewind" for r in then) and len(then) <= 1, then
+    # One restart per kill (a loader and the Planner killed together are restarted together);
+    # after a trainer's, ranks a step apart may go back to the step they all finished (a
+    # rewind).
+    recoveries = json.loads((job / "job.json").read_text())["recoveries"]
+    killed = [r for r in recoveries if r["cause"] != "rewind"]
+    assert len(killed) == len(at_steps), recoveries
+    assert all(r["role"] in victims and r["cause"] == "was killed by SIGKILL" for r in killed)
+    assert len(recoveries) - len(killed) <= len(at_steps), recoveries
     assert digests(job) == reference
     assert processes_of_launcher(proc.pid) == []
 
@@ -185,3 +189,54 @@ def read_all(
         t.join(timeout=150)
     assert sorted(results) == [0, 1]
     return results
+
+
+def shadowed(data: Path) -> dict[str, Any]:
+    doc = recipe(data)
+    for s in doc["sources"]:
+        s["shadows"] = 1
+    doc["loader"] = {"heartbeat_s": 2}
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("victim", "sig", "at_steps"),
+    [
+        ("loader", signal.SIGKILL, (15, 60)),
+        ("loader", signal.SIGSTOP, (35,)),  # hung: found by its silence
+        ("shadow", signal.SIGKILL, (25,)),
+    ],
+)
+def test_a_shadow_takes_a_lost_loaders_place_and_the_stream_is_unchanged(
+    tmp_path: Path,
+    small_data: Path,
+    reference: dict,
+    victim: str,
+    sig: int,
+    at_steps: tuple[int, ...],
+) -> None:
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(shadowed(small_data), sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml")
+    try:
+        for at_step in at_steps:
+            job = wait_for_step(tmp_path, at_step, proc)
+            loaders = role_pids(proc.pid, "loader")
+            shadows = [p for p in loaders if "~shadow" in " ".join(psutil.Process(p).cmdline())]
+            pool = shadows if victim == "shadow" else [p for p in loaders if p not in shadows]
+            os.kill(pool[at_step % len(pool)], sig)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert digests(job) == reference
+    recoveries = json.loads((job / "job.json").read_text())["recoveries"]
+    if sig == signal.SIGKILL:  # the launcher saw it die: handed to a shadow, nothing restarted
+        assert [r["how"] for r in recoveries] == ["shadow"] * len(at_steps), recoveries
+    takeovers = (
+        json.loads((job / "shadows.json").read_text())["takeovers"]
+        if (job / "shadows.json").exists()
+        else []
+    )
+    assert len(takeovers) == (0 if victim == "shadow" else len(at_steps)), takeovers
+    assert processes_of_launcher(proc.pid) == []

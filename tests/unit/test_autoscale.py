@@ -48,5 +48,9 @@ def test_decide_scales_up_at_once_down_after_calm_and_keeps_the_budget() -> None
     assert decide(loads, [1, 4], [2, 0], SETTINGS) == [2, 4]  # not calm long enough
     assert decide(loads, [1, 4], [3, 0], SETTINGS) == [1, 4]
     assert decide(loads, [None, 4], [0, 0], SETTINGS) == [2, 4]
+    # Down only by a quarter or more: 5 → 4 is not worth new processes, 5 → 3 is.
+    five = [SourceLoad(5, 1.0, 1.0)]
+    assert decide(five, [4], [9], SETTINGS) == [5]
+    assert decide(five, [3], [9], SETTINGS) == [3]
     over = decide(loads, [10, 10], [0, 0], SETTINGS)
     assert sum(over) <= SETTINGS.max_loaders and over == [4, 4] and min(over) >= 1

@@ -39,7 +39,7 @@ sources:
     weight: 0.3
     loaders: 2
 """
-SOURCE_KEYS = "name, path, weight, text_column, token_column, transform, repeat, loaders"
+SOURCE_KEYS = "name, path, weight, text_column, token_column, transform, repeat, loaders, shadows"
 TOP_KEYS = (
     "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "
     "mix, cost, balance, loader, "

@@ -1,0 +1,224 @@
+"""What checkpoints cost and what recovery takes.
+
+    python -m benchmarks.checkpoint [--data demo-data] [--pairs 3] [--kills 3]
+
+Run it from the folder holding ``demo-data`` (made by ``msd synth demo-data`` if missing).
+Three measurements, written to ``benchmarks/results/checkpoint.json``:
+
+  * size and time — a snapshot and a log line of a job with 16 to 1,024 sources (the Planner's
+    own encoder and store; 8 carried samples; a step that moves 40 cursors): bytes; encode time
+    (what the Planner's loop pays: the file is written by a background thread), write time
+    (encode, temp file, fsync, rename), read time; a log line's append (median of 20);
+  * throughput — ``recipes/quickstart-bpe.yaml`` with a trainer that does no compute (the data
+    plane is the bottleneck), runs alternating: a snapshot every step vs checkpoints off
+    (``checkpoint.enabled: false``); steady tokens/s and the ratio (target ≥ 0.98);
+  * recovery — the same recipe with the demo trainer computing 20 ms a step; one role killed
+    (SIGKILL) at step 150 of 400, ``--kills`` times per role: the seconds from the kill to the
+    first batch every rank has received after it, against the run's median step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import psutil
+
+from benchmarks.quickstart import ROOT, _rank_records, _steady_tokens_per_s, with_trainer
+from msd.checkpoint.format import (
+    Delta,
+    Snapshot,
+    Totals,
+    decode_snapshot,
+    encode_delta,
+    encode_snapshot,
+)
+from msd.checkpoint.store import CheckpointStore
+from msd.launch.local import LocalJob
+from msd.plan.step import PlannerState
+from msd.recipe.load import load_recipe
+from msd.recipe.schema import Recipe, from_json, stream_fingerprint, to_json
+from msd.synth import synth, train_tokenizer
+
+ROLES = ("loader", "planner", "constructor", "trainer")
+
+
+# -- size and time ------------------------------------------------------------------------------
+def synthetic_recipe(sources: int) -> Recipe:
+    doc = {
+        "seq_len": 4096,
+        "global_batch_tokens": 4096 * 64,
+        "sources": [
+            {"name": f"source-{i:04d}", "path": f"/data/source-{i:04d}/*.parquet", "weight": 1}
+            for i in range(sources)
+        ],
+    }
+    return from_json(json.dumps(doc).encode())
+
+
+def size_and_time(sources: int, repeats: int = 20) -> dict[str, Any]:
+    rng = np.random.default_rng(sources)
+    recipe = synthetic_recipe(sources)
+    cursors = tuple(int(c) for c in rng.integers(0, 10**9, size=sources))
+    carry = tuple((int(rng.integers(sources)), int(rng.integers(10**9))) for _ in range(8))
+    state = PlannerState(123_456, cursors, carry)
+    snap = Snapshot(
+        state=state,
+        fingerprint=stream_fingerprint(recipe),
+        recipe=json.loads(to_json(recipe)),
+        num_rows=tuple(int(n) for n in rng.integers(10**6, 10**9, size=sources)),
+        totals=Totals(10**12, cursors, cursors),
+        created=time.time(),
+    )
+    moved = sorted(rng.choice(sources, size=min(sources, 40), replace=False).tolist())
+    after = list(cursors)
+    for s in moved:
+        after[s] += int(rng.integers(1, 5))
+    delta = Delta.between(state, PlannerState(state.step + 1, tuple(after), carry), 262_144)
+    writes, reads, appends, encodes = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        store = CheckpointStore(Path(tmp), keep=2)
+        for _ in range(repeats):
+            started = time.perf_counter()
+            encode_snapshot(snap)  # what the Planner's loop pays: the file is written aside
+            encodes.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            path = store.write_snapshot(snap)
+            writes.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            decode_snapshot(path.read_bytes(), path)
+            reads.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            store.append(delta)
+            appends.append(time.perf_counter() - started)
+        store.close()
+    return {
+        "sources": sources,
+        "snapshot_bytes": len(encode_snapshot(snap)),
+        "snapshot_encode_ms": round(statistics.median(encodes) * 1000, 3),
+        "snapshot_write_ms": round(statistics.median(writes) * 1000, 3),
+        "snapshot_read_ms": round(statistics.median(reads) * 1000, 3),
+        "log_line_bytes": len(encode_delta(delta)),
+        "log_append_ms": round(statistics.median(appends) * 1000, 4),
+    }
+
+
+# -- throughput -----------------------------------------------------------------------------------
+def with_checkpoints(recipe: Recipe, enabled: bool) -> Recipe:
+    checkpoint = msgspec.structs.replace(recipe.checkpoint, every_steps=1, enabled=enabled)
+    recovery = msgspec.structs.replace(recipe.recovery, restarts=3 if enabled else 0)
+    return msgspec.structs.replace(recipe, checkpoint=checkpoint, recovery=recovery)
+
+
+def throughput(recipe: Recipe, run_root: Path, warmup: int) -> float:
+    job = LocalJob(recipe, "# benchmark\n", run_root)
+    job.start()
+    outcome = job.watch(lambda status: None)
+    if not outcome.ok:
+        raise SystemExit(f"msd run failed: {outcome.message}")
+    return _steady_tokens_per_s(_rank_records(outcome.job.root), warmup)
+
+
+# -- recovery -----------------------------------------------------------------------------------
+def recovery(recipe: Recipe, run_root: Path, role: str, at_step: int) -> dict[str, Any]:
+    """Kill one process of ``role`` once rank 0 is past ``at_step``; the time until every rank
+    has received a batch after the kill."""
+    job = LocalJob(recipe, "# benchmark\n", run_root)
+    job.start()
+    killed: dict[str, float] = {}
+
+    def kill_when_due(status: Any) -> None:
+        if killed or status.consumed < at_step:
+            return
+        victims = [c for c in job.children if c.role == role and c.popen.poll() is None]
+        victim = victims[at_step % len(victims)]
+        killed["time"] = time.time()
+        os.kill(victim.popen.pid, signal.SIGKILL)
+
+    outcome = job.watch(kill_when_due)
+    if not outcome.ok:
+        raise SystemExit(f"msd run failed: {outcome.message}")
+    records = _rank_records(outcome.job.root)
+    ranks = recipe.world_size
+    first_after: dict[int, float] = {}
+    for path in sorted((outcome.job.root / "trainer").glob("rank-*.jsonl")):
+        rank = int(path.stem.split("-")[1])
+        times = [json.loads(line)["time"] for line in path.read_text().splitlines()]
+        after = [t for t in times if t > killed["time"]]
+        first_after[rank] = min(after)
+    assert len(first_after) == ranks
+    steps = sorted(r["time"] for r in records if r.get("node") is not None)
+    gaps = np.diff(sorted({round(t, 3) for t in steps}))
+    return {
+        "role": role,
+        "seconds": round(max(first_after.values()) - killed["time"], 3),
+        "median_step_s": round(float(np.median(gaps)) * ranks, 4),
+        "recoveries": json.loads((outcome.job.root / "job.json").read_text())["recoveries"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart-bpe.yaml")
+    parser.add_argument("--data", type=Path, default=Path("demo-data"))
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+    if not (args.data / "tokenizer.json").exists():
+        synth(args.data)
+        train_tokenizer(args.data)
+    results: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        },
+        "size_and_time": [size_and_time(n) for n in (16, 64, 256, 1024)],
+    }
+    for row in results["size_and_time"]:
+        print(json.dumps(row), flush=True)
+    base = with_trainer(load_recipe(args.recipe), args.steps, 0.0)
+    runs = args.out / "runs"
+    throughput(with_checkpoints(base, False), runs, args.warmup)  # caches warm; not counted
+    pairs = []
+    for pair in range(args.pairs):
+        order = (True, False) if pair % 2 == 0 else (False, True)
+        got = {on: throughput(with_checkpoints(base, on), runs, args.warmup) for on in order}
+        pairs.append({"every_step": got[True], "off": got[False], "ratio": got[True] / got[False]})
+        print(json.dumps(pairs[-1]), flush=True)
+    mean_on = statistics.mean(p["every_step"] for p in pairs)
+    mean_off = statistics.mean(p["off"] for p in pairs)
+    results["throughput"] = {"pairs": pairs, "ratio_of_means": mean_on / mean_off}
+    computing = with_trainer(load_recipe(args.recipe), 400, 20.0)
+    kills = []
+    for role in ROLES:
+        for _ in range(args.kills):
+            kills.append(recovery(computing, runs, role, 150))
+            print(json.dumps({k: kills[-1][k] for k in ("role", "seconds")}), flush=True)
+    results["recovery"] = kills
+    results["recovery_median_s"] = {
+        role: statistics.median(k["seconds"] for k in kills if k["role"] == role) for role in ROLES
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "checkpoint.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: results[k] for k in ("recovery_median_s",)}, indent=2))
+    print(json.dumps({"ratio_of_means": results["throughput"]["ratio_of_means"]}))
+
+
+if __name__ == "__main__":
+    main()
