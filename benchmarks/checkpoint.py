@@ -19,10 +19,8 @@ Three measurements, written to ``benchmarks/results/checkpoint.json``:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import tempfile
@@ -32,9 +30,15 @@ from typing import Any
 
 import msgspec
 import numpy as np
-import psutil
 
-from benchmarks.quickstart import ROOT, _rank_records, _steady_tokens_per_s, with_trainer
+from benchmarks.quickstart import (
+    _rank_records,
+    _steady_tokens_per_s,
+    ensure_demo_data,
+    machine,
+    paired_runs_parser,
+    with_trainer,
+)
 from msd.checkpoint.format import (
     Delta,
     Snapshot,
@@ -48,7 +52,6 @@ from msd.launch.local import LocalJob
 from msd.plan.step import PlannerState
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe, from_json, stream_fingerprint, to_json
-from msd.synth import synth, train_tokenizer
 
 ROLES = ("loader", "planner", "constructor", "trainer")
 
@@ -168,26 +171,12 @@ def recovery(recipe: Recipe, run_root: Path, role: str, at_step: int) -> dict[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart-bpe.yaml")
-    parser.add_argument("--data", type=Path, default=Path("demo-data"))
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--pairs", type=int, default=3)
+    parser = paired_runs_parser(__doc__)
     parser.add_argument("--kills", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
-    if not (args.data / "tokenizer.json").exists():
-        synth(args.data)
-        train_tokenizer(args.data)
+    ensure_demo_data(args.data)
     results: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        },
+        "machine": machine(),
         "size_and_time": [size_and_time(n) for n in (16, 64, 256, 1024)],
     }
     for row in results["size_and_time"]:

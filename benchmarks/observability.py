@@ -17,10 +17,7 @@ each pair and of the means (target: ≥ 0.98).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import threading
@@ -28,13 +25,17 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from benchmarks.quickstart import ROOT, _rank_records, _steady_tokens_per_s, with_trainer
+from benchmarks.quickstart import (
+    _rank_records,
+    _steady_tokens_per_s,
+    ensure_demo_data,
+    machine,
+    paired_runs_parser,
+    with_trainer,
+)
 from msd.launch.local import LocalJob
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
-from msd.synth import synth, train_tokenizer
 
 
 class Observer(threading.Thread):
@@ -104,19 +105,8 @@ def run_once(recipe: Recipe, run_root: Path, warmup: int, observed: bool) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart-bpe.yaml")
-    parser.add_argument("--data", type=Path, default=Path("demo-data"))
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    args = parser.parse_args()
-    if not (args.data / "tokenizer.json").exists():
-        synth(args.data)
-        train_tokenizer(args.data)
+    args = paired_runs_parser(__doc__).parse_args()
+    ensure_demo_data(args.data)
     recipe = with_trainer(load_recipe(args.recipe), args.steps, 0.0)
     run_once(recipe, args.out / "runs", args.warmup, False)  # caches warm; not counted
     runs = []
@@ -127,11 +117,7 @@ def main() -> None:
     quiet = [r["tokens_per_s"] for r in runs if not r["observed"]]
     watched = [r["tokens_per_s"] for r in runs if r["observed"]]
     results = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        },
+        "machine": machine(),
         "recipe": str(args.recipe),
         "steps": args.steps,
         "runs": runs,

@@ -126,6 +126,34 @@ def _steady_tokens_per_s(records: list[dict[str, Any]], warmup: int) -> float:
     return tokens / (end - start)
 
 
+def ensure_demo_data(data: Path) -> None:
+    """``msd synth`` sources and a BPE tokenizer in ``data``, unless they are there."""
+    if not (data / "tokenizer.json").exists():
+        synth(data)
+        train_tokenizer(data)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+    }
+
+
+def paired_runs_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that alternates runs of one recipe."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart-bpe.yaml")
+    parser.add_argument("--data", type=Path, default=Path("demo-data"))
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    return parser
+
+
 def with_trainer(recipe: Recipe, steps: int, step_ms: float) -> Recipe:
     demo = msgspec.structs.replace(recipe.trainer.demo, step_ms=step_ms)
     trainer = msgspec.structs.replace(recipe.trainer, command="demo", demo=demo)
@@ -163,16 +191,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
-    if not (args.data / "tokenizer.json").exists():
-        synth(args.data)
-        train_tokenizer(args.data)
+    ensure_demo_data(args.data)
     results = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        },
+        "machine": machine(),
         "runs": [measure(path, args) for path in args.recipes],
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -146,3 +146,27 @@ def test_rescale_on_slurm_submits_new_loader_jobs_and_keeps_the_stream(
     for rank in range(4):
         assert [r["digest"] for r in slurm_logs[rank]] == [r["digest"] for r in local_logs[rank]]
     assert not set(jobs.values()) & set(squeue_ids())
+
+
+def test_restore_on_slurm_continues_a_local_runs_stream(slurm_cluster, small_data, tmp_path):
+    """A local run's checkpoint restored on SLURM: the same batches from its step on."""
+    r = recipe(small_data, "local", steps=120)
+    r["checkpoint"] = {"every_steps": 40}
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(r))
+    result = msd("launch", "local.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    local_root = job_folder(tmp_path, "t")
+    snapshot = local_root / "checkpoints" / "step-00000080.json"
+    result = msd(
+        "restore", str(snapshot), "--cluster", "slurm", "--run-dir", "restored", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (restored,) = (tmp_path / "restored").iterdir()
+    before, after = read_rank_logs(local_root), read_rank_logs(restored)
+    assert sorted(after) == [0, 1, 2, 3]
+    for rank in range(4):
+        assert [r["step"] for r in after[rank]] == list(range(80, 120))
+        assert [r["digest"] for r in after[rank]] == [r["digest"] for r in before[rank][80:]]
+    assert not set(json.loads((restored / "job.json").read_text())["slurm_jobs"].values()) & set(
+        squeue_ids()
+    )
