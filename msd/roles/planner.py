@@ -325,6 +325,8 @@ class Planner:
             f"planner: {len(self.loaders)} loaders, {len(self.constructors)} constructors",
             flush=True,
         )
+        for source in range(len(self.recipe.sources)):
+            self._maybe_cut(source)  # a rescale still starting when the data plane restarted
 
     # -- metadata and progress ----------------------------------------------------------------
     def _on_meta(self, identity: bytes, msg: Meta) -> None:
