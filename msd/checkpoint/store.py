@@ -14,7 +14,6 @@ from typing import BinaryIO
 from msd.checkpoint.format import (
     Delta,
     Snapshot,
-    Totals,
     decode_delta,
     decode_snapshot,
     encode_delta,
@@ -203,7 +202,3 @@ def open_checkpoint(path: Path, step: int | None = None) -> Found:
     if not CheckpointStore(root).snapshots():
         raise CheckpointError(f"{path} holds no checkpoint (no {root}/step-*.json)")
     return CheckpointStore(root).find(step)
-
-
-def totals_of(tokens: int, samples: list[int], source_tokens: list[int]) -> Totals:
-    return Totals(int(tokens), tuple(int(x) for x in samples), tuple(int(x) for x in source_tokens))
