@@ -8,7 +8,7 @@ import typer
 
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
-from msd.launch.slurm_task import run_role
+from msd.launch.slurm_task import supervise
 
 from .common import user_errors
 
@@ -42,4 +42,4 @@ def sidecar(
     folder = JobDir(job)
     served = ranks or _ranks_of_this_node(folder.recipe().world_size)
     node = os.environ.get("SLURMD_NODENAME") or os.environ.get("MSD_NODE") or "local"
-    run_role(["constructor", "--job", str(folder.root), "--node", node, "--ranks", served])
+    supervise("constructor", str(folder.root), node, "--node", node, "--ranks", served)

@@ -22,7 +22,7 @@ import torch
 import zmq
 
 from msd.errors import CheckpointError, LaunchError, ProtocolError
-from msd.jobdir import JobDir
+from msd.jobdir import JobDir, Published
 from msd.recipe.schema import stream_fingerprint
 from msd.roles.constructor import constructor_endpoint_name
 from msd.wire import transport
@@ -203,7 +203,7 @@ class _Fetcher:
 
     def _run(self) -> None:
         sock: zmq.Socket[Any] | None = None
-        endpoint = ""
+        endpoint = Published("", -1)
         name = constructor_endpoint_name(node_name())
         try:
             while (request := self.requests.get()) is not None:
@@ -214,8 +214,8 @@ class _Fetcher:
                     time.sleep(AHEAD_DELAY_S)
                 while True:
                     if sock is None:
-                        endpoint = self.job.wait_endpoint(name, timeout_s=self.RESTART_TIMEOUT_S)
-                        sock = transport.connect(transport.context(), zmq.DEALER, endpoint)
+                        endpoint = self.job.wait_published(name, self.RESTART_TIMEOUT_S)
+                        sock = transport.connect(transport.context(), zmq.DEALER, endpoint.address)
                     transport.send(sock, get)
                     if not expect_reply:
                         break
@@ -232,18 +232,11 @@ class _Fetcher:
             if sock is not None:
                 sock.close(linger=0 if self.stopping.is_set() else 1000)
 
-    def _endpoint_now(self) -> str | None:
-        path = self.job.endpoint_file(constructor_endpoint_name(node_name()))
-        try:
-            return path.read_text().strip()
-        except FileNotFoundError:
-            return None
-
-    def _restarted(self, endpoint: str) -> bool:
-        now = self._endpoint_now()
+    def _restarted(self, endpoint: Published) -> bool:
+        now = self.job.read_endpoint(constructor_endpoint_name(node_name()))
         return now is not None and now != endpoint
 
-    def _receive(self, sock: zmq.Socket[Any], endpoint: str) -> _Result | _Reconnect:
+    def _receive(self, sock: zmq.Socket[Any], endpoint: Published) -> _Result | _Reconnect:
         checked = time.monotonic()
         while not sock.poll(self.POLL_MS):
             if self.stopping.is_set():
@@ -269,7 +262,7 @@ class _Fetcher:
         }
         return msg.step, tensors
 
-    def _rewind(self, step: int, endpoint: str) -> _Result | _Reconnect:
+    def _rewind(self, step: int, endpoint: Published) -> _Result | _Reconnect:
         """Step ``step`` was consumed already (the trainer restored an earlier checkpoint): ask
         the Planner to restart the data plane there, and wait for it."""
         from msd.control.client import planner_socket  # the control plane, on this rare path

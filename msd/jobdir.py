@@ -11,7 +11,9 @@
     JOB/metrics.jsonl          the job's figures, one line a second (``msd report``)
     JOB/checkpoints/           snapshots of the Planner's state and the log of steps after
                                each (``msd.checkpoint``; ``msd restore``)
-    JOB/endpoints/NAME         the address a role serves (written atomically once bound)
+    JOB/endpoints/NAME         the address a role serves and its incarnation (written
+                               atomically once bound)
+    JOB/restarts/N.json        on SLURM, why the data plane started for the N-th time
     JOB/logs/ROLE-NAME.log     each role's output
     JOB/trainer/rank-R.jsonl   what the demo trainer received, step by step
 
@@ -25,7 +27,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from msd.errors import LaunchError
 from msd.recipe.schema import Recipe, from_json
@@ -40,6 +42,17 @@ def atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+class Published(NamedTuple):
+    address: str
+    incarnation: int
+
+
+def incarnation() -> int:
+    """Which start of the data plane this process belongs to (``msd.launch.incarnations``;
+    0 outside SLURM supervision)."""
+    return int(os.environ.get("MSD_INCARNATION", "0"))
 
 
 class JobDir:
@@ -121,17 +134,31 @@ class JobDir:
         return self.root / "endpoints" / name
 
     def publish(self, name: str, endpoint: str) -> None:
-        atomic_write(self.endpoint_file(name), endpoint.encode())
+        """Publish a role's address, stamped with the data plane's incarnation."""
+        atomic_write(self.endpoint_file(name), f"{endpoint}\n{incarnation()}\n".encode())
 
-    def wait_endpoint(self, name: str, timeout_s: float = 60.0) -> str:
-        """The endpoint ``name`` once its role has published it."""
-        path = self.endpoint_file(name)
+    def read_endpoint(self, name: str) -> Published | None:
+        """What is published as ``name`` now (None: nothing yet)."""
+        try:
+            lines = self.endpoint_file(name).read_text().split()
+        except FileNotFoundError:
+            return None
+        return Published(lines[0], int(lines[1]) if len(lines) > 1 else 0) if lines else None
+
+    def wait_published(self, name: str, timeout_s: float = 60.0) -> Published:
+        """``name``'s endpoint once its role has published it: on SLURM, by a role of this
+        process's incarnation or a later one (an older one's address is of a stopped role)."""
         deadline = time.monotonic() + timeout_s
-        while not path.exists():
+        least = incarnation()
+        while (found := self.read_endpoint(name)) is None or found.incarnation < least:
             if time.monotonic() > deadline:
                 raise LaunchError(f"no {name} endpoint in {self.root} after {timeout_s:.0f} s")
             time.sleep(0.02)
-        return path.read_text().strip()
+        return found
+
+    def wait_endpoint(self, name: str, timeout_s: float = 60.0) -> str:
+        """The address ``name`` serves, once published (``wait_published``)."""
+        return self.wait_published(name, timeout_s).address
 
     def log_path(self, role: str, name: str) -> Path:
         return self.logs / f"{role}-{name.replace('/', '-')}.log"

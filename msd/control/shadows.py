@@ -16,6 +16,7 @@ from pathlib import Path
 
 from msd.errors import LaunchError
 from msd.jobdir import atomic_write
+from msd.plan.partition import Generation, find_process
 from msd.recipe.schema import Recipe
 
 SHADOWS_VERSION = 1
@@ -70,3 +71,25 @@ def shadows_used(recipe: Recipe, takeovers: Sequence[Takeover]) -> tuple[int, ..
 def acting_as(takeovers: Sequence[Takeover]) -> dict[str, str]:
     """Shadow process name → the loader it now is (the latest take-over of each)."""
     return {t.shadow: t.lost for t in takeovers}
+
+
+@dataclass(frozen=True)
+class Fate:
+    """What follows the death of a loader process of a source with shadows."""
+
+    standby: bool  # it was a shadow standing by: start another in its place
+    loader: str  # else: the loader it was (a shadow that had taken over is that loader)
+
+
+def fate_of_dead_loader(
+    recipe: Recipe,
+    process_name: str,
+    takeovers: Sequence[Takeover],
+    rescales: Sequence[Generation] = (),
+) -> Fate | None:
+    """None when none of the dead process's sources has shadows (the data plane restarts)."""
+    name = acting_as(takeovers).get(process_name, process_name)
+    process = find_process(recipe, name, rescales, shadows_used(recipe, takeovers))
+    if not any(recipe.sources[s].shadows for s in process.sources):
+        return None
+    return Fate(process.standby is not None, name)

@@ -29,11 +29,11 @@ from msd.checkpoint.store import CheckpointStore
 from msd.control.client import planner_socket
 from msd.control.history import write_history
 from msd.control.rescales import load_rescales
-from msd.control.shadows import acting_as, load_takeovers, shadows_used
+from msd.control.shadows import fate_of_dead_loader, load_takeovers, shadows_used
 from msd.errors import MsdError
 from msd.jobdir import JobDir
 from msd.launch import procs
-from msd.plan.partition import find_process, loader_processes
+from msd.plan.partition import loader_processes
 from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.roles.constructor import constructor_endpoint_name
@@ -334,19 +334,17 @@ class LocalJob:
         dead loader (or a shadow that had become one) is reported to the Planner, which hands
         its place to a shadow (and records it: a new shadow starts). False: no shadows."""
         takeovers = load_takeovers(self.job.shadows, self.recipe)
-        used = shadows_used(self.recipe, takeovers)
         rescales = load_rescales(self.job.rescales, self.recipe)
-        name = acting_as(takeovers).get(child.name, child.name)
-        process = find_process(self.recipe, name, rescales, used)
-        if not any(self.recipe.sources[s].shadows for s in process.sources):
+        fate = fate_of_dead_loader(self.recipe, child.name, takeovers, rescales)
+        if fate is None:
             return False
         self.children.remove(child)
-        if process.standby is not None:  # a shadow standing by: another takes its place
+        if fate.standby:
             self._role(
                 "loader", child.name, procs.role_argv("loader", self.job.root, "--name", child.name)
             )
         elif self.sock is not None:
-            transport.send(self.sock, LoaderLost(name=name))
+            transport.send(self.sock, LoaderLost(name=fate.loader))
         return True
 
     def _restart_data_plane(self) -> None:

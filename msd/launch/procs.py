@@ -24,6 +24,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _die_with_parent_deaf_to_usr2() -> None:
+    """Also ignore SIGUSR2 (kept across exec): SLURM sends it to every process of a job near its
+    time limit, and only the supervisor should act on it (submitit checkpoints and requeues)."""
+    _die_with_parent()
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
 _LIST_CHARS = set("|&;()`\n")  # a pipeline or a list: more than one process
 _ASSIGNS = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*")
 
@@ -60,7 +67,13 @@ class Child:
 
 
 def start(
-    role: str, name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+    role: str,
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    log: Path,
+    cwd: Path | None = None,
+    deaf_to_usr2: bool = False,
 ) -> Child:
     out = open(log, "ab")  # noqa: SIM115 - the child owns it for its whole life
     try:
@@ -71,7 +84,7 @@ def start(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=cwd,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent_deaf_to_usr2 if deaf_to_usr2 else _die_with_parent,
         )
     finally:
         out.close()

@@ -21,8 +21,10 @@ import zmq
 from msd.checkpoint.format import Snapshot
 from msd.control.client import planner_socket
 from msd.control.rescales import load_rescales
+from msd.control.shadows import load_takeovers, shadows_used
 from msd.errors import LaunchError
-from msd.jobdir import JobDir
+from msd.jobdir import JobDir, Published
+from msd.launch import incarnations
 from msd.launch.local import (
     INTERRUPTED,
     Outcome,
@@ -34,7 +36,7 @@ from msd.launch.local import (
 )
 from msd.launch.procs import tail
 from msd.launch.slurm_plan import Submission, submissions
-from msd.launch.slurm_task import run_role, run_trainer_task
+from msd.launch.slurm_task import RoleTask, TrainerTask
 from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, Trainer
 from msd.wire import transport
@@ -68,6 +70,17 @@ def squeue_states(ids: list[str]) -> dict[str, str]:
     return states
 
 
+def restart_count(job_id: str) -> int:
+    """How many times SLURM has requeued the job (``scontrol show job``'s ``Restarts``)."""
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=False
+    ).stdout
+    for field in out.split():
+        if field.startswith("Restarts="):
+            return int(field.partition("=")[2])
+    return 0
+
+
 def cancel_jobs(ids: list[str], timeout_s: float = 30.0) -> None:
     """scancel, then wait until the jobs have left the queue (roles exit on SIGTERM at once)."""
     if not ids:
@@ -99,11 +112,19 @@ class SlurmJob:
         self.job = prepare_job(recipe, recipe_text, run_root, mix_history, resume)
         self.plan = submissions(recipe)
         self.submitted: list[tuple[Submission, Any]] = []
-        self.rescales_seen = 0.0
+        self.rescales_seen = (0.0, 0.0)  # mtimes of JOB/loaders.json, JOB/shadows.json
+        self.sock: zmq.Socket[Any] | None = None
+        self.planner_seen: Published | None = None
 
     def _write_job_json(self, state: str) -> None:
         ids = {f"{s.role} {s.name}": j.job_id for s, j in self.submitted}
-        write_job_state(self.job, self.recipe, "slurm", state, slurm_jobs=ids)
+        recoveries = [
+            {"role": r.role, "name": r.name, "cause": r.cause, "how": "restarted", "time": r.time}
+            for r in incarnations.restarts(self.job)
+        ]
+        write_job_state(
+            self.job, self.recipe, "slurm", state, slurm_jobs=ids, recoveries=recoveries
+        )
 
     # -- submitting ---------------------------------------------------------------------------
     def submit(self) -> None:
@@ -125,15 +146,19 @@ class SlurmJob:
         return executor
 
     def _follow_rescales(self) -> None:
-        """Submit a job for each loader a rescale added (``JOB/loaders.json``)."""
-        with contextlib.suppress(FileNotFoundError):
-            mtime = self.job.rescales.stat().st_mtime
-            if mtime == self.rescales_seen:
-                return
-            self.rescales_seen = mtime
+        """Submit a job for each loader a rescale added (``JOB/loaders.json``) and for each
+        new shadow a shadow's take-over calls for (``JOB/shadows.json``)."""
+        mtimes = tuple(
+            path.stat().st_mtime if path.exists() else 0.0
+            for path in (self.job.rescales, self.job.shadows)
+        )
+        if mtimes == self.rescales_seen:
+            return
+        self.rescales_seen = (mtimes[0], mtimes[1])
         rescales = load_rescales(self.job.rescales, self.recipe)
+        used = shadows_used(self.recipe, load_takeovers(self.job.shadows, self.recipe))
         started = {(s.role, s.name) for s, _ in self.submitted}
-        for sub in submissions(self.recipe, rescales):
+        for sub in submissions(self.recipe, rescales, used):
             if sub.role == "loader" and (sub.role, sub.name) not in started:
                 try:
                     self.submitted.append((sub, self._submit_one(self._executor(sub), sub, 0)))
@@ -147,13 +172,14 @@ class SlurmJob:
         root = str(self.job.root)
         if sub.role == "trainer":
             return executor.submit(
-                run_trainer_task,
+                TrainerTask(),  # type: ignore[no-untyped-call]  # submitit's __new__
                 root,
                 int(sub.task[1]),
                 (self.recipe.trainer or Trainer()).command,
                 port,
             )
-        return executor.submit(run_role, [sub.task[0], "--job", root, *sub.task[1:]])
+        task = RoleTask()  # type: ignore[no-untyped-call]  # submitit's __new__
+        return executor.submit(task, [sub.task[0], "--job", root, *sub.task[1:]])
 
     def cancel(self) -> None:
         cancel_jobs([j.job_id for _, j in self.submitted])
@@ -175,14 +201,13 @@ class SlurmJob:
         return self.watch(on_status)
 
     def watch(self, on_status: Callable[[Status], None]) -> Outcome:
-        sock: zmq.Socket[Any] | None = None
         status: Status | None = None
         failure: str | None = None
         try:
             self._wait_planner()
-            sock = planner_socket(self.job, timeout_s=5)
-            status, failure = self._watch_loop(sock, on_status)
+            status, failure = self._watch_loop(on_status)
             if failure is None:
+                sock = self._planner()
                 status = final_status(sock) or status
                 transport.send(sock, Stop(reason="trainers finished"))
                 self._wait_finished(timeout_s=30)
@@ -191,11 +216,22 @@ class SlurmJob:
         except LaunchError as exc:
             failure = str(exc)
         finally:
-            if sock is not None:
-                sock.close(linger=200)
+            if self.sock is not None:
+                self.sock.close(linger=200)
             self.cancel()
         self._write_job_json("done" if failure is None else "failed")
         return Outcome(failure is None, failure or "done", status, self.job)
+
+    def _planner(self) -> zmq.Socket[Any]:
+        """A socket to the Planner, connected again when a restart published a new one."""
+        now = self.job.read_endpoint("planner")
+        if self.sock is None or (now is not None and now != self.planner_seen):
+            if self.sock is not None:
+                self.sock.close(linger=0)
+                self._write_job_json("running")  # a restart: job.json lists it
+            self.sock = planner_socket(self.job, timeout_s=5)
+            self.planner_seen = now
+        return self.sock
 
     def _wait_finished(self, timeout_s: float) -> None:
         """After Stop every job ends by itself; whatever does not is cancelled afterwards."""
@@ -218,9 +254,7 @@ class SlurmJob:
     def _states(self) -> dict[str, str]:
         return squeue_states([j.job_id for _, j in self.submitted])
 
-    def _watch_loop(
-        self, sock: zmq.Socket[Any], on_status: Callable[[Status], None]
-    ) -> tuple[Status | None, str | None]:
+    def _watch_loop(self, on_status: Callable[[Status], None]) -> tuple[Status | None, str | None]:
         status: Status | None = None
         next_check = 0.0
         while True:
@@ -233,8 +267,8 @@ class SlurmJob:
                     self._raise_if_failed(self._states())
                 except LaunchError as exc:
                     return status, str(exc)
-                transport.send(sock, StatusRequest())
-            reply = receive_status(sock, POLL_S)
+                transport.send(self._planner(), StatusRequest())
+            reply = receive_status(self._planner(), POLL_S)
             if reply is not None:
                 status = reply
                 on_status(reply)
@@ -245,6 +279,10 @@ class SlurmJob:
         if self.recipe.trainer is None:
             return status is not None and status.state == "done"
         exits = [self.job.read_json(p) for p in self.job.trainer.glob("exit-*.json")]
+        if exits:  # only this run of the trainer job's (a requeue runs it again)
+            trainer_job = next(j for s, j in self.submitted if s.role == "trainer")
+            now = restart_count(trainer_job.job_id)
+            exits = [e for e in exits if e.get("restart", 0) == now]
         for e in exits:
             if e["code"] != 0:
                 raise LaunchError(

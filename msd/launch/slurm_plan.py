@@ -56,8 +56,11 @@ def _common(recipe: Recipe, role: str, spec: SlurmRole) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v not in (None, {})}
 
 
-def submissions(recipe: Recipe, rescales: Sequence[Generation] = ()) -> list[Submission]:
-    """Every job of the run; with ``rescales``, their loader jobs too (``msd rescale``)."""
+def submissions(
+    recipe: Recipe, rescales: Sequence[Generation] = (), shadows_used: Sequence[int] = ()
+) -> list[Submission]:
+    """Every job of the run; with ``rescales``, their loader jobs too (``msd rescale``), and a
+    new shadow's for each shadow that took a loader's place (``shadows_used``)."""
     slurm = recipe.slurm
     subs = [
         Submission(
@@ -67,7 +70,7 @@ def submissions(recipe: Recipe, rescales: Sequence[Generation] = ()) -> list[Sub
             ("planner",),
         )
     ]
-    for process in loader_processes(recipe, rescales):
+    for process in loader_processes(recipe, rescales, shadows_used):
         params = {**_common(recipe, "loader", slurm.loader), "nodes": 1, "tasks_per_node": 1}
         task = ("loader", "--name", process.name)
         subs.append(Submission("loader", process.name, params, task))

@@ -1,8 +1,12 @@
 """What runs inside each SLURM allocation (submitted by ``msd.launch.slurm`` through submitit).
 
-Roles run in the job's own process, so their SIGTERM handler (drain, exit) is what ``scancel``
-reaches, not submitit's, which ignores the signal. Every role binds on all interfaces and
-publishes its node's name, so peers on other nodes can reach it.
+Each data role runs under a supervisor (``msd.launch.supervise``) that restarts the data plane
+when a role dies. Every role binds on all interfaces and publishes its node's name, so peers on
+other nodes can reach it.
+
+Both tasks are submitit ``Checkpointable``: near the time limit (SIGUSR2) or on preemption,
+submitit requeues the job with the same arguments; a requeued data role starts the data plane's
+next incarnation, requeued trainer ranks resume from their own checkpoints.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+
+import submitit
 
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
@@ -26,20 +33,40 @@ def _network_env() -> None:
     os.environ["MSD_ADVERTISE_HOST"] = _node()
 
 
-def run_role(argv: list[str]) -> None:
-    """A Planner or loader job: one role process for the whole job."""
-    from msd.roles.__main__ import main
+def supervise(role: str, job: str, name: str, *args: str) -> None:
+    """Run one data role under a supervisor until the run ends; raise if it failed."""
+    from msd.launch.procs import role_argv
+    from msd.launch.supervise import Supervisor
 
     _network_env()
-    code = main(argv)
+    folder = JobDir(job)
+    supervisor = Supervisor(folder, role, name, role_argv(role, folder.root, *args))
+    if threading.current_thread() is threading.main_thread():
+        supervisor.stop_on_sigterm()
+    code = supervisor.run()
     if code != 0:
-        raise LaunchError(f"{argv[0]} exited with code {code}; see this job's log")
+        raise LaunchError(f"{role} {name} exited with code {code}; see this job's log")
+
+
+class RoleTask(submitit.helpers.Checkpointable):
+    """A Planner or loader job: ``msd.roles`` arguments ``[ROLE, --job, DIR, ...]``."""
+
+    def __call__(self, argv: list[str]) -> None:
+        role, job, extra = argv[0], argv[2], argv[3:]
+        name = extra[1] if role == "loader" else role
+        supervise(role, job, name, *extra)
+
+
+class TrainerTask(submitit.helpers.Checkpointable):
+    """One task of the trainer job: a trainer rank, or (the last task on each node) the
+    node's Constructor."""
+
+    def __call__(self, job: str, per_node: int, command: str, master_port: int) -> None:
+        run_trainer_task(job, per_node, command, master_port)
 
 
 def run_trainer_task(job: str, per_node: int, command: str, master_port: int) -> None:
     """One task of the trainer job: the node's Constructor (last local task) or a trainer rank."""
-    import submitit
-
     # submitit's job process ignores SIGTERM (it waits for SLURM's SIGKILL, seconds later);
     # a rank that is cancelled should just go.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -48,7 +75,7 @@ def run_trainer_task(job: str, per_node: int, command: str, master_port: int) ->
     os.environ["MSD_NODE"] = _node()
     if local == per_node:
         ranks = ",".join(str(node * per_node + r) for r in range(per_node))
-        run_role(["constructor", "--job", job, "--node", _node(), "--ranks", ranks])
+        supervise("constructor", job, _node(), "--node", _node(), "--ranks", ranks)
         return
     rank = node * per_node + local
     os.environ.update(
@@ -62,17 +89,28 @@ def run_trainer_task(job: str, per_node: int, command: str, master_port: int) ->
             "MASTER_PORT": str(master_port),
         }
     )
+    # The launcher stops the data plane (and so the Constructor tasks) once every rank is done;
+    # SLURM cannot tell it, since the job ends only when all of its tasks do. (Not on SystemExit:
+    # that is submitit requeueing the job.)
     code = 1
     try:
         code = _run_trainer(command)
-    finally:
-        # The launcher stops the data plane (and so the Constructor tasks) once every rank is
-        # done; SLURM cannot tell it, since the job ends only when all of its tasks do.
-        folder = JobDir(job)
-        exit_file = folder.trainer / f"exit-{rank}.json"
-        folder.write_json(exit_file, {"rank": rank, "code": code, "node": _node()})
+    except Exception:
+        _write_exit(job, rank, code)
+        raise
+    _write_exit(job, rank, code)
     if code != 0:
         raise LaunchError(f"trainer rank {rank} exited with code {code}")
+
+
+def _write_exit(job: str, rank: int, code: int) -> None:
+    """The rank's exit code, for the launcher; ``restart`` tells a requeued job's runs apart (a
+    rank whose peer left because the job is being requeued fails, and that is not the run's
+    failure)."""
+    folder = JobDir(job)
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    record = {"rank": rank, "code": code, "node": _node(), "restart": restart}
+    folder.write_json(folder.trainer / f"exit-{rank}.json", record)
 
 
 def _run_trainer(command: str) -> int:
@@ -89,4 +127,4 @@ def _run_trainer(command: str) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - for manual use inside an allocation
-    run_role(sys.argv[1:])
+    RoleTask()(sys.argv[1:])  # type: ignore[no-untyped-call]
