@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from msd.checkpoint.compat import differences
+from msd.checkpoint.compat import differences, keeping_padding
 from msd.checkpoint.store import open_checkpoint
 from msd.control.history import load_history, make_change
 from msd.errors import CheckpointError, RecipeError
@@ -62,6 +62,14 @@ def restore(
     else:
         parsed, text, where = saved, json.dumps(snap.recipe, indent=2) + "\n", found.path
     check_sources(parsed, where)
+    kept = keeping_padding(saved, parsed)
+    if kept is not parsed:
+        parsed = kept
+        err_console.print(
+            f"padding samples to multiples of {kept.distribute.pad_to}, as the checkpoint's run "
+            "did (distribute.pad_to), so the same global batches continue",
+            highlight=False,
+        )
     rows = tuple(open_source(s, f"sources[{i}]").num_rows for i, s in enumerate(parsed.sources))
     problems = differences(saved, snap.num_rows, parsed, rows, allow_batch_change)
     if problems:

@@ -3,10 +3,12 @@ difference.
 
 The global batches from the checkpoint's step on are the same when everything that decides
 which samples form a step is the same: the seed, the sources (and their rows), the mix, the
-sequence length, the tokens per step and how samples are padded and cut. The topology (DP, TP,
-PP) decides only how a step is split over ranks, so it may change: the same global batches are
-re-split. A change of tokens per step is refused unless allowed: then the cursors carry over
-and nothing is lost or repeated, but the steps differ from the run's.
+sequence length, the tokens per step and how samples are padded and cut. The topology (DP, CP,
+TP, PP) decides only how a step is split over ranks, so it may change: the same global batches
+are re-split. CP pads samples (to multiples of 2 × cp), which decides which fit a step: another
+CP size keeps the checkpoint's padding where it can (``keeping_padding``). A change of tokens
+per step is refused unless allowed: then the cursors carry over and nothing is lost or
+repeated, but the steps differ from the run's.
 """
 
 from __future__ import annotations
@@ -15,12 +17,7 @@ from typing import Any
 
 import msgspec
 
-from msd.recipe.schema import Recipe
-
-
-def _pad_multiple(recipe: Recipe) -> int:
-    cp = recipe.distribute.cp
-    return 2 * cp if cp > 1 else 1
+from msd.recipe.schema import Recipe, pad_multiple
 
 
 def _source_view(recipe: Recipe, i: int) -> dict[str, Any]:
@@ -76,10 +73,27 @@ def differences(
             f"global_batch_tokens: {saved.global_batch_tokens} → {recipe.global_batch_tokens} "
             "(pass --allow-batch-change to continue the sources' cursors with other steps)"
         )
-    if _pad_multiple(saved) != _pad_multiple(recipe):
+    old_pad, new_pad = pad_multiple(saved.distribute), pad_multiple(recipe.distribute)
+    if old_pad != new_pad:
         found.append(
-            f"distribute.cp: {saved.distribute.cp} → {recipe.distribute.cp} pads samples to "
-            f"multiples of {_pad_multiple(recipe)}, not {_pad_multiple(saved)}, so steps would "
-            "hold other samples"
+            f"distribute.cp {recipe.distribute.cp} pads samples to multiples of {new_pad}, the "
+            f"checkpoint's run to multiples of {old_pad}, so steps would hold other samples "
+            f"(a run launched with distribute.pad_to a multiple of {2 * recipe.distribute.cp} "
+            "restores under this CP size)"
         )
     return found
+
+
+def keeping_padding(saved: Recipe, recipe: Recipe) -> Recipe:
+    """``recipe``, padding as the checkpoint's run did when its own CP size allows it (2 × cp
+    divides that multiple) and it does not set ``distribute.pad_to``: then the same global
+    batches continue under another CP size."""
+    old_pad = pad_multiple(saved.distribute)
+    cp = recipe.distribute.cp
+    if recipe.distribute.pad_to or old_pad == pad_multiple(recipe.distribute):
+        return recipe
+    if cp > 1 and old_pad % (2 * cp):
+        return recipe
+    return msgspec.structs.replace(
+        recipe, distribute=msgspec.structs.replace(recipe.distribute, pad_to=old_pad)
+    )

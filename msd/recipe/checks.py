@@ -156,6 +156,19 @@ def _check_steps(recipe: Recipe) -> list[Problem]:
     return [Problem("steps", f"is omitted but sources {names} repeat forever; {fix}")]
 
 
+def _check_pad_to(recipe: Recipe) -> list[Problem]:
+    pad_to, cp = recipe.distribute.pad_to, recipe.distribute.cp
+    if pad_to == 0:
+        return []
+    if pad_to < 0 or pad_to > recipe.seq_len:
+        fix = "use 0 (the default: 2 × cp) or a multiple of 2 × cp up to seq_len"
+        return [Problem("distribute.pad_to", f"is {pad_to}; {fix}")]
+    if cp > 1 and pad_to % (2 * cp):
+        fix = f"use a multiple of {2 * cp} (each CP rank gets two equal chunks of a sample)"
+        return [Problem("distribute.pad_to", f"is {pad_to}, not a multiple of 2 × cp; {fix}")]
+    return []
+
+
 def _check_rest(recipe: Recipe) -> list[Problem]:
     problems = _at_least("seed", recipe.seed, 0, "use a non-negative seed")
     problems += _check_trainer(recipe)
@@ -171,6 +184,7 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     prefetch = recipe.constructor.prefetch_steps
     problems += _at_least("constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step")
     problems += _check_groups(recipe)
+    problems += _check_pad_to(recipe)
     if recipe.loader.cpus is not None:
         fix = "give the loaders at least one process"
         problems += _at_least("loader.cpus", recipe.loader.cpus, 1, fix)

@@ -58,6 +58,17 @@ class Distribute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     cp: int = 1
     tp: int = 1
     order: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+    # Pad every sample to a multiple of this many tokens; 0: 2 × cp (CP's load-balanced halves),
+    # 1 without CP. Padding decides which samples fit a step, so a checkpoint restores under
+    # another CP size when 2 × its cp divides this: set it to a multiple of each you may use.
+    pad_to: int = 0
+
+
+def pad_multiple(distribute: Distribute) -> int:
+    """The multiple of tokens every sample is padded to."""
+    if distribute.pad_to:
+        return distribute.pad_to
+    return 2 * distribute.cp if distribute.cp > 1 else 1
 
 
 class Milestone(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

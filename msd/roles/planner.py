@@ -34,7 +34,7 @@ from msd.plan.partition import Generation, generations, loader_processes
 from msd.plan.schedule import MixChange, schedule_of
 from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
 from msd.plan.topology import Topology
-from msd.recipe.schema import Recipe, stream_fingerprint, to_json
+from msd.recipe.schema import Recipe, pad_multiple, stream_fingerprint, to_json
 from msd.sources.index import open_source
 from msd.wire import transport
 from msd.wire.protocol import (
@@ -79,7 +79,6 @@ REWIND_EXIT = 75  # the Planner's exit code when the data plane must restart at 
 def stream_spec(
     recipe: Recipe, num_rows: tuple[int, ...], changes: tuple[MixChange, ...] = ()
 ) -> StreamSpec:
-    cp = recipe.distribute.cp
     return StreamSpec(
         seed=recipe.seed,
         schedule=schedule_of(recipe, changes),
@@ -90,7 +89,7 @@ def stream_spec(
         micro_batch_size=recipe.micro_batch_size,
         seq_len=recipe.seq_len,
         steps=recipe.steps,
-        pad_multiple=2 * cp if cp > 1 else 1,
+        pad_multiple=pad_multiple(recipe.distribute),
         long_samples=recipe.balance.long_samples,
         method=recipe.balance.method,
         cost=CostModel(recipe.cost.attn, recipe.cost.lin, recipe.cost.function),

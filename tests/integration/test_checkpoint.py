@@ -107,6 +107,29 @@ def test_restoring_with_another_dp_size_resplits_the_same_global_batches(
     assert all(n == 1 for step in range(60, STEPS) for n in after[step].values())
 
 
+def test_restoring_with_another_cp_size_resplits_the_same_global_batches(
+    tmp_path: Path, small_data: Path
+) -> None:
+    """CP 2 × DP 2, restored at step 40 as DP 4 without CP: samples stay padded to multiples of
+    4 as in the run, so each step holds the same samples, over other ranks."""
+    run = launch(tmp_path, recipe(small_data, steps=80, distribute={"dp": 2, "cp": 2}), "cp2")
+    (tmp_path / "dp4.yaml").write_text(
+        yaml.safe_dump(recipe(small_data, steps=80, distribute={"dp": 4}), sort_keys=False)
+    )
+    result = run_msd(
+        "restore", str(run), "--step", "40", "--recipe", "dp4.yaml", "--json", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "padding samples to multiples of 4, as the checkpoint's run did" in result.stderr
+    restored = Path(json.loads(result.stdout)["job"])
+    before, after = global_batches(run), global_batches(restored)
+    assert sorted(after) == list(range(40, 80))
+    for step in range(40, 80):
+        assert set(after[step]) == set(before[step]), step
+        assert all(n == 2 for n in before[step].values())  # both CP ranks of one DP rank
+        assert all(n == 1 for n in after[step].values())  # one rank each
+
+
 def test_a_damaged_checkpoint_is_refused_and_the_one_before_still_works(
     tmp_path: Path, original: Path
 ) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from msd.checkpoint.compat import differences
+from msd.checkpoint.compat import differences, keeping_padding
 from msd.checkpoint.format import (
     Delta,
     Snapshot,
@@ -22,7 +22,7 @@ from msd.checkpoint.resume import first_positions, needed
 from msd.checkpoint.store import CheckpointStore, open_checkpoint
 from msd.errors import CheckpointError
 from msd.plan.step import NeedData, PlannerState, plan_step
-from msd.recipe.schema import from_json
+from msd.recipe.schema import from_json, pad_multiple
 from tests.unit.test_step import lengths_table, spec
 
 
@@ -203,7 +203,36 @@ def test_what_differs_is_named() -> None:
     ]
     assert differences(saved, (10, 20), recipe(seed=2), (10, 20)) == ["seed: 1 → 2"]
     cp = differences(saved, (10, 20), recipe(distribute={"dp": 2, "cp": 2}), (10, 20))
-    assert len(cp) == 1 and cp[0].startswith("distribute.cp: 1 → 2")
+    assert len(cp) == 1 and cp[0].startswith("distribute.cp 2 pads samples to multiples of 4")
+    assert "distribute.pad_to a multiple of 4" in cp[0]
+
+
+@pytest.mark.parametrize(
+    ("saved_distribute", "new_distribute", "pad_to"),
+    [
+        ({"dp": 2, "cp": 2}, {"dp": 4}, 4),  # CP 2 → 1: pad to 4 as before
+        ({"dp": 1, "cp": 4}, {"dp": 2, "cp": 2}, 8),  # 8 is a multiple of 2 × 2
+        ({"dp": 4, "pad_to": 8}, {"dp": 1, "cp": 4}, 8),  # launched ready for CP 4
+        ({"dp": 4, "pad_to": 8}, {"dp": 2, "cp": 2}, 8),
+    ],
+)
+def test_another_cp_size_continues_with_the_checkpoints_padding(
+    saved_distribute: dict, new_distribute: dict, pad_to: int
+) -> None:
+    saved, new = recipe(distribute=saved_distribute), recipe(distribute=new_distribute)
+    kept = keeping_padding(saved, new)
+    assert pad_multiple(kept.distribute) == pad_to
+    assert kept.distribute.cp == new.distribute.cp and kept.distribute.dp == new.distribute.dp
+    assert differences(saved, (10, 20), kept, (10, 20)) == []
+
+
+def test_a_cp_size_the_checkpoints_padding_cannot_serve_is_refused() -> None:
+    """Launched without CP (no padding), restored with CP 2: samples would need padding to 4."""
+    saved, new = recipe(distribute={"dp": 4}), recipe(distribute={"dp": 2, "cp": 2})
+    kept = keeping_padding(saved, new)
+    assert kept is new
+    (refusal,) = differences(saved, (10, 20), kept, (10, 20))
+    assert "multiples of 4, the checkpoint's run to multiples of 1" in refusal
 
 
 def test_other_tokens_per_step_need_to_be_allowed() -> None:

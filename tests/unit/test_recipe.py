@@ -136,7 +136,8 @@ def test_unknown_keys_at_every_level_are_reported_together(tmp_path: Path) -> No
     path, message = error(tmp_path, text)
     assert message.splitlines() == [
         f"{path}:2: sed: unknown key (did you mean seed?); use one of {TOP_KEYS}, or remove it",
-        f"{path}:6: distribute.ep: unknown key; use one of dp, pp, cp, tp, order, or remove it",
+        f"{path}:6: distribute.ep: unknown key; "
+        "use one of dp, pp, cp, tp, order, pad_to, or remove it",
         f"{path}:12: sources[0].transform.pth: unknown key (did you mean path?); "
         "use one of kind, path, function, or remove it",
         f"{path}:16: sources[1].wieght: unknown key (did you mean weight?); "
@@ -302,6 +303,11 @@ CHECKS = [
      "buffer at least one row, or omit it for two global batches"),
     ({"constructor": ConstructorOptions(prefetch_steps=0)},
      "constructor.prefetch_steps: must be >= 1, got 0; prefetch at least 1 step"),
+    ({"distribute": Distribute(pad_to=9)}, "distribute.pad_to: is 9; "
+     "use 0 (the default: 2 × cp) or a multiple of 2 × cp up to seq_len"),
+    ({"distribute": Distribute(cp=2, pad_to=6), "trainer": Trainer(ranks=2)},
+     "distribute.pad_to: is 6, not a multiple of 2 × cp; "
+     "use a multiple of 4 (each CP rank gets two equal chunks of a sample)"),
 ]
 # fmt: on
 
