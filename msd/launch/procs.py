@@ -24,7 +24,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _die_with_parent_deaf_to_usr2() -> None:
+def die_with_parent_deaf_to_usr2() -> None:
     """Also ignore SIGUSR2 (kept across exec): SLURM sends it to every process of a job near its
     time limit, and only the supervisor should act on it (submitit checkpoints and requeues)."""
     _die_with_parent()
@@ -46,6 +46,13 @@ def command_argv(command: str) -> list[str]:
     prefix = assigns.group(0) if assigns else ""  # NAME=value words stay in front of `exec`
     rest = command.lstrip()[len(prefix) :]
     return ["/bin/sh", "-c", f"{prefix}exec {rest}"]
+
+
+def signal_name(code: int) -> str:
+    """The signal that killed a process that ended with ``code`` (< 0), e.g. SIGKILL."""
+    with contextlib.suppress(ValueError):
+        return signal.Signals(-code).name
+    return f"signal {-code}"
 
 
 @dataclass
@@ -84,7 +91,7 @@ def start(
             stderr=subprocess.STDOUT,
             env=env,
             cwd=cwd,
-            preexec_fn=_die_with_parent_deaf_to_usr2 if deaf_to_usr2 else _die_with_parent,
+            preexec_fn=die_with_parent_deaf_to_usr2 if deaf_to_usr2 else _die_with_parent,
         )
     finally:
         out.close()

@@ -34,7 +34,7 @@ from msd.launch.local import (
     receive_status,
     write_job_state,
 )
-from msd.launch.procs import tail
+from msd.launch.procs import signal_name, tail
 from msd.launch.slurm_plan import Submission, submissions
 from msd.launch.slurm_task import RoleTask, TrainerTask
 from msd.plan.schedule import MixChange
@@ -53,6 +53,7 @@ ENDED_BADLY = {
     "DEADLINE",
 }
 POLL_S = 0.5
+EXIT_GRACE_S = 3.0  # how long a rank's failure waits for a killed peer's record
 
 
 def squeue_states(ids: list[str]) -> dict[str, str]:
@@ -115,6 +116,7 @@ class SlurmJob:
         self.rescales_seen = (0.0, 0.0)  # mtimes of JOB/loaders.json, JOB/shadows.json
         self.sock: zmq.Socket[Any] | None = None
         self.planner_seen: Published | None = None
+        self.failed_since: float | None = None  # when a rank's failure was first seen
 
     def _write_job_json(self, state: str) -> None:
         ids = {f"{s.role} {s.name}": j.job_id for s, j in self.submitted}
@@ -274,22 +276,65 @@ class SlurmJob:
                 on_status(reply)
 
     def _trainers_done(self, status: Status | None) -> bool:
-        """Every rank has written its exit code (a non-zero one is a failure); for trainers
-        msd did not start, the Planner has seen every rank consume the whole stream."""
+        """Every rank has written its exit code (a non-zero one is a failure, but a rank killed
+        by a signal restarts the trainers); for trainers msd did not start, the Planner has seen
+        every rank consume the whole stream."""
         if self.recipe.trainer is None:
             return status is not None and status.state == "done"
+        exits = self._exits()
+        failed = [e for e in exits if e["code"] != 0]
+        if not failed:
+            self.failed_since = None
+            return len(exits) == self.recipe.world_size
+        # A killed rank's peers fail too, maybe first: let the killed one's record arrive.
+        if self.failed_since is None:
+            self.failed_since = time.monotonic()
+        killed = [e for e in failed if e["code"] < 0]
+        if not killed and time.monotonic() - self.failed_since < EXIT_GRACE_S:
+            return False
+        e = (killed or failed)[0]
+        code = e["code"]
+        how = f"was killed by {signal_name(code)}" if code < 0 else f"exited with code {code}"
+        limit = self.recipe.recovery.restarts
+        if killed and incarnations.counted(self.job) < limit:
+            self._restart_trainers(f"rank {e['rank']}", f"killed by {signal_name(code)}")
+            return False
+        raise LaunchError(
+            f"trainer rank {e['rank']} on {e['node']} {how}; the run was stopped. "
+            f"Logs: {self.job.root / 'slurm'}"
+        )
+
+    def _exits(self) -> list[dict[str, Any]]:
+        """The exit records of this run of the current trainer job (a requeue runs it again, a
+        restart submits another)."""
         exits = [self.job.read_json(p) for p in self.job.trainer.glob("exit-*.json")]
-        if exits:  # only this run of the trainer job's (a requeue runs it again)
-            trainer_job = next(j for s, j in self.submitted if s.role == "trainer")
-            now = restart_count(trainer_job.job_id)
-            exits = [e for e in exits if e.get("restart", 0) == now]
-        for e in exits:
-            if e["code"] != 0:
-                raise LaunchError(
-                    f"trainer rank {e['rank']} on {e['node']} exited with code {e['code']}; "
-                    f"the run was stopped. Logs: {self.job.root / 'slurm'}"
-                )
-        return len(exits) == self.recipe.world_size
+        if not exits:
+            return []
+        trainer_job = next(j for s, j in self.submitted if s.role == "trainer")
+        now = restart_count(trainer_job.job_id)
+        return [
+            e
+            for e in exits
+            if e.get("slurm_job") == str(trainer_job.job_id) and e.get("restart", 0) == now
+        ]
+
+    def _restart_trainers(self, name: str, cause: str) -> None:
+        """A rank was killed: start the data plane's next incarnation and run the trainer job
+        again as a new SLURM job; each rank resumes from its own checkpoint
+        (``Client.load_state_dict``) and the node's Constructor starts with it."""
+        index = next(i for i, (s, _) in enumerate(self.submitted) if s.role == "trainer")
+        sub, old = self.submitted[index]
+        incarnations.start_next(
+            self.job, incarnations.current(self.job), "trainer", name, cause, counted=True
+        )
+        cancel_jobs([old.job_id])
+        self.failed_since = None
+        try:
+            new = self._submit_one(self._executor(sub), sub, free_port(""))
+        except Exception as exc:
+            raise LaunchError(f"SLURM refused the trainer job again: {_first_line(exc)}") from None
+        self.submitted[index] = (sub, new)
+        self._write_job_json("running")
 
     def _raise_if_failed(self, states: dict[str, str]) -> None:
         for sub, job in self.submitted:

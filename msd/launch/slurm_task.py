@@ -90,40 +90,55 @@ def run_trainer_task(job: str, per_node: int, command: str, master_port: int) ->
         }
     )
     # The launcher stops the data plane (and so the Constructor tasks) once every rank is done;
-    # SLURM cannot tell it, since the job ends only when all of its tasks do. (Not on SystemExit:
-    # that is submitit requeueing the job.)
-    code = 1
+    # SLURM cannot tell it, since the job ends only when all of its tasks do. A rank killed by a
+    # signal is reported as such (the launcher restarts the trainers); one stopped by SIGTERM
+    # (scancel) or by submitit requeueing the job (SystemExit) is not reported at all.
     try:
         code = _run_trainer(command)
     except Exception:
-        _write_exit(job, rank, code)
+        _write_exit(job, rank, 1)
         raise
+    if code is None:
+        return
     _write_exit(job, rank, code)
     if code != 0:
         raise LaunchError(f"trainer rank {rank} exited with code {code}")
 
 
 def _write_exit(job: str, rank: int, code: int) -> None:
-    """The rank's exit code, for the launcher; ``restart`` tells a requeued job's runs apart (a
-    rank whose peer left because the job is being requeued fails, and that is not the run's
-    failure)."""
+    """The rank's exit code, for the launcher, with the SLURM job and its restart count it is
+    of: a rank whose peer left because the job is being requeued or replaced fails, and that is
+    not the run's failure."""
     folder = JobDir(job)
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    record = {"rank": rank, "code": code, "node": _node(), "restart": restart}
+    record = {
+        "rank": rank,
+        "code": code,
+        "node": _node(),
+        "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
+        "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    }
     folder.write_json(folder.trainer / f"exit-{rank}.json", record)
 
 
-def _run_trainer(command: str) -> int:
-    if command == "demo":
-        from msd.trainer.demo import main
+def _run_trainer(command: str) -> int | None:
+    """The rank's trainer as a child process, so a death by a signal is seen (it ignores
+    SIGUSR2: near the time limit that is for submitit, which requeues the job); None when this
+    task was told to stop (SIGTERM)."""
+    from msd.launch.procs import command_argv, die_with_parent_deaf_to_usr2
 
-        main()
-        return 0
-    from msd.launch.procs import command_argv
+    argv = (
+        [sys.executable, "-m", "msd.trainer.demo"] if command == "demo" else command_argv(command)
+    )
+    child = subprocess.Popen(argv, preexec_fn=die_with_parent_deaf_to_usr2)
+    stopped: list[int] = []
 
-    child = subprocess.Popen(command_argv(command))
-    signal.signal(signal.SIGTERM, lambda signum, frame: child.terminate())
-    return child.wait()
+    def stop(signum: int, frame: object) -> None:
+        stopped.append(signum)
+        child.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    code = child.wait()
+    return None if stopped else code
 
 
 if __name__ == "__main__":  # pragma: no cover - for manual use inside an allocation

@@ -22,7 +22,6 @@ so each runs under a supervisor in its job, and the supervisors agree through th
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -121,7 +120,7 @@ class Supervisor:
         rewind = self.role == "planner" and code == REWIND_EXIT
         if code >= 0 and not rewind:
             return code  # an error, reported by the role itself: not retried
-        cause = "went back to an earlier step" if rewind else f"killed by {_signal_name(code)}"
+        cause = "went back to an earlier step" if rewind else f"killed by {procs.signal_name(code)}"
         if self.role == "loader" and not rewind:
             takeovers = load_takeovers(self.job.shadows, self.recipe)
             rescales = load_rescales(self.job.rescales, self.recipe)
@@ -141,7 +140,7 @@ class Supervisor:
         if standby:  # a shadow standing by: start it again
             self.standby_restarts += 1
             if self.standby_restarts > self.recipe.recovery.restarts:
-                self._give_up(f"killed by {_signal_name(code)}", "it keeps dying")
+                self._give_up(f"killed by {procs.signal_name(code)}", "it keeps dying")
                 return code
             return None
         sock = planner_socket(self.job, identity=f"supervisor/{self.name}", timeout_s=10.0)
@@ -179,9 +178,3 @@ class Supervisor:
                 counted=False,
                 key=key,
             )
-
-
-def _signal_name(code: int) -> str:
-    with contextlib.suppress(ValueError):
-        return signal.Signals(-code).name
-    return f"signal {-code}"

@@ -136,9 +136,9 @@ class Planner:
         self.seen_loaders: set[str] = set()
         self.standby: dict[int, list[Peer]] = {}  # source → its shadows, waiting
         self.last_seen: dict[bytes, float] = {}  # a loader's (or shadow's) last message
-        # Per step not yet built everywhere: what each loader was told to send (identity,
-        # source, gpos, destinations), so a shadow can send it if that loader is lost.
-        self.inflight: dict[int, list[tuple[bytes, int, int, tuple[int, ...]]]] = {}
+        # Per step not yet built everywhere: what each loader was told to send (identity →
+        # (source, gpos) → destinations), so a shadow can send it if that loader is lost.
+        self.inflight: dict[int, dict[bytes, dict[tuple[int, int], set[int]]]] = {}
         self.reroute: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         self.lost: set[bytes] = set()
         self.cut_at: dict[int, dict[bytes, int | None]] = {}  # source → its current shards' replies
@@ -463,10 +463,9 @@ class Planner:
             print(f"planner: loader {name} lost ({why}); no shadow stands by", flush=True)
             return
         shadow = shadows.pop(0)
-        for step, entries in self.inflight.items():
-            for identity, source, gpos, dests in entries:
-                if identity == peer.identity:
-                    self.reroute[(source, gpos)] = (step, dests)
+        for step, routes in self.inflight.items():
+            for (source, gpos), dests in routes.get(peer.identity, {}).items():
+                self.reroute[(source, gpos)] = (step, tuple(dests))
         for source in sources:  # what it reported and held is gone with it
             known = self.known[source]
             for gpos in [g for g, entry in known.items() if entry[2] == peer.identity]:
@@ -581,11 +580,10 @@ class Planner:
         for source, gpos in plan.dropped:
             loader = self.known[source][gpos][2]
             routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
-        inflight = self.inflight.setdefault(plan.step, [])
+        self.inflight[plan.step] = routes  # kept as is: a lost loader's are sent again
         for loader, by_key in routes.items():  # one Route per loader process
             for source, gpos in by_key:
                 self.known[source].pop(gpos)
-            inflight += [(loader, s, g, tuple(ds)) for (s, g), ds in by_key.items()]
             entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
             route = Route(
                 step=plan.step,

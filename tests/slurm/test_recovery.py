@@ -69,6 +69,20 @@ def role_pid(job: Path, *marks: str) -> int:
     raise AssertionError(f"no running {' '.join(marks)} of {job}")
 
 
+def trainer_pid(job: Path, rank: int) -> int:
+    """Rank ``rank``'s demo trainer process of ``job``."""
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        line = " ".join(p.info["cmdline"] or [])
+        mine = env.get("MSD_JOB") == str(job) and env.get("RANK") == str(rank)
+        if "msd.trainer.demo" in line and mine:
+            return p.pid
+    raise AssertionError(f"no running trainer rank {rank} of {job}")
+
+
 def job_processes(job: Path) -> list[str]:
     left = []
     for p in psutil.process_iter(["cmdline"]):
@@ -140,7 +154,8 @@ def assert_same_stream_and_nothing_left(job: Path, reference: dict) -> None:
 
 
 def test_killed_roles_are_recovered_on_slurm(slurm_cluster, small_data, reference, tmp_path):
-    """The Planner (step 40), node n2's Constructor (90) and a shadowed loader (140)."""
+    """The Planner (step 40), node n2's Constructor (90), a shadowed loader (140) and trainer
+    rank 1 (170) of one run."""
     job = run_with_faults(
         tmp_path,
         small_data,
@@ -148,14 +163,19 @@ def test_killed_roles_are_recovered_on_slurm(slurm_cluster, small_data, referenc
             (40, lambda job: os.kill(role_pid(job, "planner"), signal.SIGKILL)),
             (90, lambda job: os.kill(role_pid(job, "constructor", "--node n2 "), signal.SIGKILL)),
             (140, lambda job: os.kill(role_pid(job, "loader", "--name web/0 "), signal.SIGKILL)),
+            (170, lambda job: os.kill(trainer_pid(job, 1), signal.SIGKILL)),
         ],
     )
     assert_same_stream_and_nothing_left(job, reference)
     restarts = [json.loads(p.read_text()) for p in sorted((job / "restarts").glob("*.json"))]
-    assert [(r["role"], r["cause"], r["counted"]) for r in restarts] == [
-        ("planner", "killed by SIGKILL", True),
-        ("constructor", "killed by SIGKILL", True),
+    assert [(r["role"], r["cause"]) for r in restarts if r["counted"]] == [
+        ("planner", "killed by SIGKILL"),
+        ("constructor", "killed by SIGKILL"),
+        ("trainer", "killed by SIGKILL"),
     ]
+    # After the trainers' restart, ranks a step apart go back to the step they all finished.
+    others = [(r["role"], r["cause"]) for r in restarts if not r["counted"]]
+    assert set(others) <= {("planner", "went back to an earlier step")}, restarts
     (takeover,) = json.loads((job / "shadows.json").read_text())["takeovers"]
     assert takeover["lost"] == "web/0"
     jobs = json.loads((job / "job.json").read_text())["slurm_jobs"]
