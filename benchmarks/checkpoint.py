@@ -15,7 +15,11 @@ Three measurements, written to ``benchmarks/results/checkpoint.json``:
   * recovery — the same recipe with the demo trainer computing 20 ms a step; one role killed
     (SIGKILL) at step 150 of 400, ``--kills`` times per role (and a loader of a source with a
     shadow): the stall, the longest a rank went without a batch from the last one before the
-    kill on, against the run's median step time.
+    kill on, against the run's median step time;
+  * recovery-slurm — the same on SLURM (``--partition``, default ``debug``: the test cluster of
+    ``tests/slurm/cluster/up.sh``), the trainers on two nodes: each role's process (found by
+    its command line on this machine, so the cluster's nodes must be this machine, as the test
+    cluster's are) killed once per ``--kills``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import psutil
 
 from benchmarks.quickstart import (
     _rank_records,
@@ -158,19 +163,63 @@ def recovery(recipe: Recipe, run_root: Path, role: str, at_step: int) -> dict[st
     outcome = job.watch(kill_when_due)
     if not outcome.ok:
         raise SystemExit(f"msd run failed: {outcome.message}")
+    return {**_stalls(outcome.job.root, killed["time"]), "role": role}
+
+
+def _stalls(job: Path, killed_at: float) -> dict[str, Any]:
     stalls = []
-    for path in sorted((outcome.job.root / "trainer").glob("rank-*.jsonl")):
+    for path in sorted((job / "trainer").glob("rank-*.jsonl")):
         times = sorted(json.loads(line)["time"] for line in path.read_text().splitlines())
-        before = max(t for t in times if t <= killed["time"])
-        after = [before, *(t for t in times if t > killed["time"])]
+        before = max(t for t in times if t <= killed_at)
+        after = [before, *(t for t in times if t > killed_at)]
         stalls.append(max(b - a for a, b in itertools.pairwise(after)))
         steady = np.diff(times)
     return {
-        "role": role,
         "stall_s": round(max(stalls), 3),
         "median_step_s": round(float(np.median(steady)), 4),
-        "recoveries": json.loads((outcome.job.root / "job.json").read_text())["recoveries"],
+        "recoveries": json.loads((job / "job.json").read_text())["recoveries"],
     }
+
+
+def on_slurm(recipe: Recipe, partition: str) -> Recipe:
+    trainer = msgspec.structs.replace(recipe.trainer, nodes=2)
+    slurm = msgspec.structs.replace(recipe.slurm, partition=partition, time_min=15)
+    return msgspec.structs.replace(recipe, cluster="slurm", trainer=trainer, slurm=slurm)
+
+
+def slurm_victim(job: Path, role: str) -> int:
+    """A process of ``role`` of the SLURM job ``job`` (not a shadow), by its command line."""
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or [])
+            if role == "trainer":
+                if "msd.trainer.demo" in line and proc.environ().get("MSD_JOB") == str(job):
+                    return int(proc.pid)
+            elif f"msd.roles {role} --job {job}" in line and "~shadow" not in line:
+                return int(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise SystemExit(f"no {role} process of {job} found")
+
+
+def slurm_recovery(recipe: Recipe, run_root: Path, role: str, at_step: int) -> dict[str, Any]:
+    """``recovery`` on SLURM."""
+    from msd.launch.slurm import SlurmJob
+
+    job = SlurmJob(recipe, "# benchmark\n", run_root)
+    killed: dict[str, float] = {}
+
+    def kill_when_due(status: Any) -> None:
+        if killed or status.consumed < at_step:
+            return
+        victim = slurm_victim(job.job.root, role)
+        killed["time"] = time.time()
+        os.kill(victim, signal.SIGKILL)
+
+    outcome = job.run(kill_when_due)
+    if not outcome.ok:
+        raise SystemExit(f"msd run failed: {outcome.message}")
+    return {**_stalls(outcome.job.root, killed["time"]), "role": role}
 
 
 def with_shadows(recipe: Recipe) -> Recipe:
@@ -181,6 +230,7 @@ def with_shadows(recipe: Recipe) -> Recipe:
 def main() -> None:
     parser = paired_runs_parser(__doc__)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--partition", default="debug", help="SLURM partition (recovery-slurm)")
     parser.add_argument(
         "--parts", nargs="+", default=["size", "throughput", "recovery"], help="what to measure"
     )
@@ -224,6 +274,21 @@ def main() -> None:
             for label, _, _ in cases
         }
         print(json.dumps(results["recovery_median_stall_s"], indent=2))
+    if "recovery-slurm" in args.parts:
+        computing = on_slurm(with_trainer(load_recipe(args.recipe), 400, 20.0), args.partition)
+        cases = [(role, computing, role) for role in ROLES]
+        cases.append(("loader with a shadow", with_shadows(computing), "loader"))
+        kills = []
+        for label, recipe, role in cases:
+            for _ in range(args.kills):
+                kills.append({"case": label, **slurm_recovery(recipe, runs, role, 150)})
+                print(json.dumps({k: kills[-1][k] for k in ("case", "stall_s")}), flush=True)
+        results["recovery_slurm"] = kills
+        results["recovery_slurm_median_stall_s"] = {
+            label: statistics.median(k["stall_s"] for k in kills if k["case"] == label)
+            for label, _, _ in cases
+        }
+        print(json.dumps(results["recovery_slurm_median_stall_s"], indent=2))
     args.out.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
 
