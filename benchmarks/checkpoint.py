@@ -58,7 +58,7 @@ from msd.checkpoint.store import CheckpointStore
 from msd.launch.local import LocalJob
 from msd.plan.step import PlannerState
 from msd.recipe.load import load_recipe
-from msd.recipe.schema import Recipe, from_json, stream_fingerprint, to_json
+from msd.recipe.schema import Recipe, Trainer, from_json, stream_fingerprint, to_json
 
 ROLES = ("loader", "planner", "constructor", "trainer")
 
@@ -182,7 +182,7 @@ def _stalls(job: Path, killed_at: float) -> dict[str, Any]:
 
 
 def on_slurm(recipe: Recipe, partition: str) -> Recipe:
-    trainer = msgspec.structs.replace(recipe.trainer, nodes=2)
+    trainer = msgspec.structs.replace(recipe.trainer or Trainer(), nodes=2)
     slurm = msgspec.structs.replace(recipe.slurm, partition=partition, time_min=15)
     return msgspec.structs.replace(recipe, cluster="slurm", trainer=trainer, slurm=slurm)
 
