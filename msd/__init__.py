@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: the build reads it from here too
 
 if TYPE_CHECKING:
     from msd.client import Client
