@@ -83,7 +83,8 @@ def render(data: dict[str, Any]) -> Group:
             f"{r['wait_p99_ms']:.2f}",
         )
     constructors = _table(
-        "constructors", ["constructor", "node", "pid", "state", "CPU %", "PSS", "ready"]
+        "constructors",
+        ["constructor", "node", "pid", "state", "CPU %", "PSS", "ready", "rejected"],
     )
     for c in data["constructors"]:
         constructors.add_row(
@@ -94,13 +95,14 @@ def render(data: dict[str, Any]) -> Group:
             f"{c['cpu_percent']:.0f}",
             _mib(c["pss_bytes"]),
             _mib(c["ready_bytes"]),
+            _rejected(c.get("rejected", {})),
         )
     lifecycle = ", ".join(f"{k} {v:,}" for k, v in sorted(planner["lifecycle"].items()))
     plan = Text(
         f"planner pid {planner['pid']}: plan p50 {planner['plan_ms_p50']:.1f} ms "
         f"p99 {planner['plan_ms_p99']:.1f} ms · balance max/mean "
         f"{planner['balance_max_over_mean']:.3f} · {planner['planned_ahead']} steps ahead · "
-        f"samples: {lifecycle or '-'}"
+        f"samples: {lifecycle or '-'} · rejected: {_rejected(planner.get('rejected', {}))}"
     )
     parts += [sources, loaders, constructors, ranks, plan]
     if data["slurm"]:
@@ -109,6 +111,14 @@ def render(data: dict[str, Any]) -> Group:
             slurm.add_row(j["role"], j["job_id"], j["state"])
         parts.append(slurm)
     return Group(*parts)
+
+
+def _rejected(counts: dict[str, int]) -> str:
+    """Messages a role dropped, by reason (docs/security.md): ``0``, or ``12 (malformed 12)``."""
+    total = sum(counts.values())
+    if not total:
+        return "0"
+    return f"{total:,} (" + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items())) + ")"
 
 
 def _snapshot(folder: JobDir) -> dict[str, Any]:

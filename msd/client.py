@@ -169,6 +169,7 @@ class _Fetcher:
 
     def __init__(self, job: JobDir, rank: int) -> None:
         self.job, self.rank, self.pid = job, rank, os.getpid()
+        self.keys = job.keys()  # the Constructor admits only holders of the job's key
         self.asked: int | None = None  # the step of the request in flight
         self.requests: queue.Queue[tuple[Get, bool, bool] | None] = queue.Queue()
         self.results: queue.Queue[_Result] = queue.Queue()
@@ -215,7 +216,9 @@ class _Fetcher:
                 while True:
                     if sock is None:
                         endpoint = self.job.wait_published(name, self.RESTART_TIMEOUT_S)
-                        sock = transport.connect(transport.context(), zmq.DEALER, endpoint.address)
+                        sock = transport.connect(
+                            transport.context(), zmq.DEALER, endpoint.address, keys=self.keys
+                        )
                     transport.send(sock, get)
                     if not expect_reply:
                         break

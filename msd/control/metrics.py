@@ -2,7 +2,8 @@
 
 The Planner calls ``MetricsServer.update`` about once a second; a scrape renders that snapshot, so
 scraping never touches the Planner's loop. Labels are kept to ``source``, ``loader``,
-``constructor`` and ``state``: never a rank, whose count would grow with the job.
+``constructor``, ``state``, and ``role``/``reason`` for dropped messages: never a rank, whose
+count would grow with the job.
 
 Job
     msd_up                               gauge      1 while the endpoint answers
@@ -29,6 +30,8 @@ Loaders and constructors
     msd_constructor_cpu_seconds_total{constructor}   counter  CPU time used
     msd_constructor_pss_bytes{constructor}           gauge    proportional set size
     msd_constructor_ready_bytes{constructor}         gauge    bytes of batches built ahead
+    msd_rejected_messages_total{role,reason}         counter  messages dropped as malformed,
+                                                              unexpected, unplanned, ...
 Samples
     msd_lifecycle_samples{state}         gauge      samples in each lifecycle state
     msd_samples_split_total              counter    samples split across rows
@@ -192,6 +195,25 @@ def _samples(view: StatusView) -> list[Metric]:
     ]
 
 
+def _rejected(view: StatusView) -> Metric:
+    """Messages each role dropped, by reason; Constructors summed (their count grows with the
+    job's nodes, like ranks)."""
+    metric = C(
+        "msd_rejected_messages",
+        "Messages a role dropped (malformed, unexpected, unplanned, ...).",
+        labels=["role", "reason"],
+    )
+    by_role: dict[tuple[str, str], int] = {}
+    for reason, n in view.planner.rejected.items():
+        by_role[("planner", reason)] = n
+    for c in view.constructors:
+        for reason, n in c.rejected.items():
+            by_role[("constructor", reason)] = by_role.get(("constructor", reason), 0) + n
+    for (role, reason), n in sorted(by_role.items()):
+        metric.add_metric([role, reason], float(n))
+    return metric
+
+
 def _up() -> Metric:
     return G("msd_up", "1 while the job's metrics endpoint answers.", value=1)
 
@@ -205,6 +227,7 @@ def families(view: StatusView, waits: HistogramSnapshot, plans: HistogramSnapsho
         *_per_item("loader", view.loaders, _LOADER),
         *_per_item("constructor", view.constructors, _CONSTRUCTOR),
         *_samples(view),
+        _rejected(view),
     ]
 
 

@@ -22,6 +22,7 @@ from msd.jobdir import JobDir
 from msd.pack import Piece, pack_rows
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
+from msd.roles.intake import Intake, Key
 from msd.roles.planner import topology_of
 from msd.shard import cp_slice
 from msd.wire import transport
@@ -40,8 +41,13 @@ from msd.wire.protocol import (
     Stop,
     TensorSpec,
 )
+from msd.wire.rejects import Rejects
 
 RANK_WAITS = 100  # a rank's data-wait percentiles in its Stats are over this many steps
+GET_MAX_BYTES = 1 << 16  # a trainer's request is a few dozen bytes
+PARKED_PER_RANK = 4  # a Client has one request in flight (two as the stream ends)
+EARLY_CAP_MIN_BYTES = 64 << 20
+PAYLOADS_PER_PEER = 64  # payloads queued from one loader before ZeroMQ reads it no further
 
 Arrays = dict[str, np.ndarray]
 
@@ -60,14 +66,16 @@ class Constructor:
         self.groups: dict[tuple[int, int], list[int]] = {}
         for rank, c in self.coords.items():
             self.groups.setdefault((c.dp, c.cp), []).append(rank)
-        ctx = transport.context()
-        self.clients, client_endpoint = transport.bind(ctx, zmq.ROUTER)
-        self.payloads_in, payload_endpoint = transport.bind(ctx, zmq.PULL)
+        ctx, keys = transport.context(), job.keys()
+        self.clients, client_endpoint = transport.bind(ctx, zmq.ROUTER, keys, GET_MAX_BYTES)
+        self.payloads_in, payload_endpoint = transport.bind(
+            ctx, zmq.PULL, keys, queue_per_peer=PAYLOADS_PER_PEER
+        )
         self.planner = connect_planner(job, f"constructor/{node}")
         self.endpoints = {"client": client_endpoint, "payload": payload_endpoint}
+        self.rejects = Rejects(f"constructor {node}")
         self.plans: dict[int, Plan] = {}
-        self.missing: dict[int, int] = {}
-        self.payloads: dict[tuple[int, int], np.ndarray] = {}
+        self.intake = Intake(self.rejects, early_cap_bytes(recipe, len(self.groups)))
         self.ready: dict[tuple[int, int, int], Arrays] = {}
         self.parked: dict[tuple[int, int], bytes] = {}
         resumed = latest_state(job)
@@ -106,7 +114,10 @@ class Constructor:
     # -- inputs -------------------------------------------------------------------------------
     def _drain_planner(self) -> bool:
         while self.planner.poll(0):
-            _, msg, _ = transport.recv(self.planner)
+            received = transport.recv_or_drop(self.planner, self.rejects)
+            if received is None:
+                continue
+            msg = received[1]
             if isinstance(msg, Plan):
                 self._on_plan(msg)
             elif isinstance(msg, End):
@@ -118,34 +129,48 @@ class Constructor:
 
     def _drain_payloads(self) -> None:
         while self.payloads_in.poll(0):
-            _, msg, buffers = transport.recv(self.payloads_in)
-            if not isinstance(msg, Payload):
-                continue
-            if msg.step < self.built_upto or msg.step in self.built:
-                continue  # built already: a shadow sent again what a lost loader had sent
-            tokens = np.frombuffer(buffers[0], dtype=np.int32)  # a view: no copy
-            bounds = np.cumsum((0, *msg.lengths))
-            new = 0
-            for i, key in enumerate(zip(msg.source, msg.gpos, strict=True)):
-                new += key not in self.payloads
-                self.payloads[key] = tokens[bounds[i] : bounds[i + 1]]
-            if msg.step in self.missing:  # else its plan has not come yet: counted then
-                self.missing[msg.step] -= new
-                self._maybe_build(msg.step)
+            received = transport.recv_or_drop(self.payloads_in, self.rejects)
+            if received is not None:
+                self._on_payload(received[1], received[2])
+
+    def _on_payload(self, msg: object, buffers: list[memoryview]) -> None:
+        if not isinstance(msg, Payload):
+            self.rejects.count("unexpected", f"a {type(msg).__name__} on the payload socket")
+            return
+        if msg.step < self.built_upto or msg.step in self.built:
+            return  # built already: a shadow sent again what a lost loader had sent
+        if msg.step >= self.horizon() or (
+            self.num_steps is not None and msg.step >= self.num_steps
+        ):
+            self.rejects.count("out-of-window", f"a payload for step {msg.step}")
+            return
+        if any(not 0 <= s < len(self.recipe.sources) for s in msg.source):
+            self.rejects.count("invalid", "a payload names a source the job does not have")
+            return
+        tokens = np.frombuffer(buffers[0], dtype=np.int32)  # a view: no copy
+        bounds = np.cumsum((0, *msg.lengths))
+        keys = list(zip(msg.source, msg.gpos, strict=True))
+        samples = [tokens[bounds[i] : bounds[i + 1]] for i in range(len(keys))]
+        self.intake.add(msg.step, keys, samples, buffers[0].nbytes)
+        self._maybe_build(msg.step)
+
+    def horizon(self) -> int:
+        """The first step no payload or request can be for yet: the Planner plans at most
+        ``prefetch_steps`` past what every rank consumed; twice that and some slack."""
+        ahead = max(self.built_upto, max(self.consumed.values()), max(self.plans, default=0))
+        return ahead + 2 * self.recipe.constructor.prefetch_steps + 8
 
     def _on_plan(self, plan: Plan) -> None:
         self.plans[plan.step] = plan
-        needed = {(s[2], s[3]) for s in plan.slots}
-        self.missing[plan.step] = len(needed) - sum(key in self.payloads for key in needed)
+        self.intake.plan(plan.step, {(s[2], s[3]) for s in plan.slots})
         self._maybe_build(plan.step)
 
     # -- building -----------------------------------------------------------------------------
     def _maybe_build(self, step: int) -> None:
-        if self.missing.get(step) != 0:
+        if not self.intake.complete(step):
             return
         plan = self.plans.pop(step)
-        del self.missing[step]
-        rows = self._rows(plan)
+        rows = self._rows(plan, self.intake.take(step))
         size = 0
         for dp, cp_rank in self.groups:
             arrays = cp_slice(pack_rows(rows[dp], self.recipe.seq_len), self.topology.cp, cp_rank)
@@ -156,29 +181,45 @@ class Constructor:
         while self.built_upto in self.built:
             self.built.remove(self.built_upto)
             self.built_upto += 1
-        for slot in plan.slots:
-            self.payloads.pop((slot[2], slot[3]), None)
+        self.intake.forget_below(self.built_upto)
         self._answer_parked()
 
-    def _rows(self, plan: Plan) -> dict[int, list[list[Piece]]]:
+    def _rows(self, plan: Plan, payloads: dict[Key, np.ndarray]) -> dict[int, list[list[Piece]]]:
         rows: dict[int, list[list[Piece]]] = {
             dp: [[] for _ in range(self.recipe.rows_per_rank)] for dp, _ in self.groups
         }
         for dp, row, source, gpos, sample_id, length, offset, padded in plan.slots:
-            tokens = self.payloads[(source, gpos)][offset : offset + length]
+            tokens = payloads[(source, gpos)][offset : offset + length]
             rows[dp][row].append(Piece(source, sample_id, tokens, padded, offset))
         return rows
 
     # -- serving ------------------------------------------------------------------------------
     def _drain_clients(self) -> None:
         while self.clients.poll(0):
-            identity, msg, _ = transport.recv(self.clients)
-            assert identity is not None
-            if isinstance(msg, Get) and msg.rank in self.consumed:
+            received = transport.recv_or_drop(self.clients, self.rejects)
+            if received is None:
+                continue
+            identity, msg, _ = received
+            assert identity is not None  # a ROUTER socket always names the sender
+            reason = self._refuse_get(msg)
+            if reason is None:
+                assert isinstance(msg, Get)
                 self._on_get(identity, msg)
             else:
-                reason = f"constructor {self.node} does not serve rank {getattr(msg, 'rank', '?')}"
                 transport.send(self.clients, Refused(reason=reason), to=identity)
+
+    def _refuse_get(self, msg: object) -> str | None:
+        """Why a trainer's request cannot be served (counted), or None."""
+        if not isinstance(msg, Get):
+            self.rejects.count("unexpected", f"a {type(msg).__name__} on the trainer socket")
+            return f"constructor {self.node} serves only batch requests"
+        if msg.rank not in self.consumed:
+            self.rejects.count("invalid", f"a request for rank {msg.rank}")
+            return f"constructor {self.node} does not serve rank {msg.rank}"
+        if not 0 <= msg.consumed <= msg.step or msg.step >= self.horizon():
+            self.rejects.count("invalid", f"rank {msg.rank}: step {msg.step}, {msg.consumed}")
+            return f"rank {msg.rank} asked for step {msg.step} having consumed {msg.consumed}"
+        return None
 
     def _on_get(self, identity: bytes, msg: Get) -> None:
         c = self.coords[msg.rank]
@@ -191,9 +232,18 @@ class Constructor:
             self.waits.append(msg.wait_s)
             self.rank_waits[msg.rank].append(msg.wait_s)
             self._free(msg.rank)
-        self.parked[(msg.rank, msg.step)] = identity
+        self._park(msg.rank, msg.step, identity)
         self._answer_parked()
         self._report_progress()
+
+    def _park(self, rank: int, step: int, identity: bytes) -> None:
+        """Hold a request until its batch is built; a rank's oldest requests beyond
+        ``PARKED_PER_RANK`` are forgotten (a Client has one in flight)."""
+        self.parked[(rank, step)] = identity
+        mine = sorted(s for r, s in self.parked if r == rank)
+        for old in mine[: max(0, len(mine) - PARKED_PER_RANK)]:
+            del self.parked[(rank, old)]
+            self.rejects.count("over-capacity", f"rank {rank}: request for step {old} forgotten")
 
     def _free(self, rank: int) -> None:
         """Drop a group's batches of the steps every rank of the group has consumed."""
@@ -240,6 +290,7 @@ class Constructor:
             pss,
             ranks=tuple(ranks),
             ready_bytes=ready,
+            rejected=self.rejects.snapshot(),
         )
 
     def _report_progress(self) -> None:
@@ -254,6 +305,14 @@ class Constructor:
             )
             transport.send(self.planner, progress)
             self.waits.clear()
+
+
+def early_cap_bytes(recipe: Recipe, groups: int) -> int:
+    """How many bytes of payloads a Constructor keeps for steps not planned yet: the tokens of
+    its rows over the whole planning window, eight times over, and at least 64 MiB."""
+    window = 2 * recipe.constructor.prefetch_steps + 8
+    step_bytes = groups * recipe.rows_per_rank * recipe.seq_len * 4
+    return max(EARLY_CAP_MIN_BYTES, 8 * window * step_bytes)
 
 
 def main(job: JobDir, node: str, ranks: tuple[int, ...]) -> None:

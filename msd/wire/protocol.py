@@ -17,7 +17,7 @@ import numpy as np
 
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -221,6 +221,8 @@ class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
     constructor_step_bytes: int = 0
     lifecycle: dict[str, int] = {}
     view: StatusView | None = None
+    truncated_tokens: tuple[int, ...] = ()  # per source: tokens truncation cut off
+    empty: int = 0  # samples delivered holding no tokens (null or empty text)
 
 
 class SourceLoad(msgspec.Struct, frozen=True, array_like=True):
@@ -261,6 +263,7 @@ class Stats(_Msg, frozen=True, tag=int(Kind.STATS)):
     sources: tuple[SourceLoad, ...] = ()
     ranks: tuple[RankLoad, ...] = ()
     ready_bytes: int = 0
+    rejected: dict[str, int] = {}  # messages dropped since the process started, by reason
 
 
 class SetMix(_Msg, frozen=True, tag=int(Kind.SET_MIX)):
@@ -421,6 +424,7 @@ class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: float
     pss_bytes: int
     ready_bytes: int
+    rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
 
 
 class RankView(msgspec.Struct, frozen=True, kw_only=True):
@@ -442,6 +446,8 @@ class PlannerView(msgspec.Struct, frozen=True, kw_only=True):
     split: int
     truncated: int
     dropped: int
+    rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
+    empty: int = 0  # samples delivered holding no tokens (null or empty text)
 
 
 class StatusView(msgspec.Struct, frozen=True, kw_only=True):
@@ -535,16 +541,23 @@ def _as_view(frame: Any) -> memoryview:
     return memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
 
 
+# The dtypes a batch tensor may have on the wire (a dtype string is never handed to numpy
+# unchecked: numpy parses structured and object dtypes from strings too).
+TENSOR_DTYPES = frozenset(
+    {"int64", "int32", "int16", "uint32", "uint16", "uint8", "float32", "float16", "bool"}
+)
+
+
 def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
     if isinstance(msg, Payload):
         expected = 1
-        size = 4 * sum(msg.lengths)
-        if len(msg.gpos) != len(msg.lengths) or (buffers and buffers[0].nbytes != size):
-            raise ProtocolError(f"a payload of {len(msg.gpos)} samples does not match its buffer")
+        _check_payload(msg, buffers)
     elif isinstance(msg, Batch):
         expected = len(msg.tensors)
         for spec, buf in zip(msg.tensors, buffers, strict=False):
-            size = int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+            if spec.dtype not in TENSOR_DTYPES or any(n < 0 for n in spec.shape):
+                raise ProtocolError(f"tensor {spec.name!r} has dtype {spec.dtype!r}, {spec.shape}")
+            size = int(np.prod(spec.shape, dtype=np.float64)) * np.dtype(spec.dtype).itemsize
             if buf.nbytes != size:
                 raise ProtocolError(f"tensor {spec.name!r} has {buf.nbytes} bytes, expected {size}")
     else:
@@ -552,3 +565,15 @@ def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
     if len(buffers) != expected:
         name = type(msg).__name__
         raise ProtocolError(f"{name} carries {len(buffers)} buffers, expected {expected}")
+
+
+def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
+    n = len(msg.gpos)
+    if len(msg.source) != n or len(msg.lengths) != n:
+        raise ProtocolError(
+            f"a payload lists {len(msg.source)} sources, {n} positions, {len(msg.lengths)} lengths"
+        )
+    if msg.step < 0 or any(x < 0 for x in msg.lengths) or any(g < 0 for g in msg.gpos):
+        raise ProtocolError("a payload has a negative step, position or length")
+    if buffers and buffers[0].nbytes != 4 * sum(msg.lengths):
+        raise ProtocolError(f"a payload of {n} samples does not match its buffer")

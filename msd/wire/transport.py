@@ -9,8 +9,10 @@ from typing import Any
 import zmq
 import zmq.auth.thread
 
+from msd.errors import ProtocolError
 from msd.wire.keys import JobKeys
 from msd.wire.protocol import Message, decode, encode
+from msd.wire.rejects import Rejects
 
 LINGER_MS = 1000
 
@@ -40,28 +42,46 @@ def bind_host() -> tuple[str, str]:
 
 
 def bind(
-    ctx: zmq.Context[Any], kind: int, keys: JobKeys | None = None
+    ctx: zmq.Context[Any],
+    kind: int,
+    keys: JobKeys,
+    max_message_bytes: int = -1,
+    queue_per_peer: int = 1000,
 ) -> tuple[zmq.Socket[Any], str]:
     """A socket bound to a free port; returns it with the endpoint peers should connect to.
 
-    With ``keys`` it is a CURVE server that admits only peers holding the job's client key
-    (``admit_only`` must run first in this context).
+    Every bound socket is a CURVE server that admits only peers holding the job's client key:
+    a peer without ``JOB/job.key`` completes no handshake, so it can neither send nor receive
+    a byte. ``max_message_bytes`` bounds one message from an admitted peer (ZeroMQ drops the
+    connection of a peer that sends more); -1 for no bound. ``queue_per_peer`` bounds the
+    messages queued from each peer (ZeroMQ reads no more from a peer whose queue is full, so
+    one peer's flood waits in its own process and the others are still read in turn).
     """
+    admit_only(ctx, keys)
     host, advertised = bind_host()
     sock = _socket(ctx, kind, None)
-    if keys is not None:
-        sock.curve_secretkey = keys.server_secret
-        sock.curve_publickey = keys.server_public
-        sock.curve_server = True
+    sock.curve_secretkey = keys.server_secret
+    sock.curve_publickey = keys.server_public
+    sock.curve_server = True
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.RCVHWM, queue_per_peer)
     port = sock.bind_to_random_port(f"tcp://{host}")
     return sock, f"tcp://{advertised}:{port}"
 
 
+_AUTHENTICATORS: dict[int, zmq.auth.thread.ThreadAuthenticator] = {}
+
+
 def admit_only(ctx: zmq.Context[Any], keys: JobKeys) -> zmq.auth.thread.ThreadAuthenticator:
-    """Start the context's authenticator: CURVE servers admit the job's client key only."""
+    """The context's authenticator (started once per context): CURVE servers admit the job's
+    client key only."""
+    auth = _AUTHENTICATORS.get(id(ctx))
+    if auth is not None and auth.is_alive():
+        return auth
     auth = zmq.auth.thread.ThreadAuthenticator(ctx, log=_QUIET)
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=_OneKey(keys.client_public))
+    _AUTHENTICATORS[id(ctx)] = auth
     return auth
 
 
@@ -93,7 +113,8 @@ def connect(
     identity: str | None = None,
     keys: JobKeys | None = None,
 ) -> zmq.Socket[Any]:
-    """A socket connected to ``endpoint``; with ``keys``, as the job's CURVE client."""
+    """A socket connected to ``endpoint``, as the job's CURVE client (every msd server is a
+    CURVE server; ``keys=None`` only to show that a keyless peer gets nothing)."""
     sock = _socket(ctx, kind, identity)
     if keys is not None:
         sock.curve_secretkey = keys.client_secret
@@ -122,3 +143,14 @@ def recv(sock: zmq.Socket[Any]) -> tuple[bytes | None, Message, list[memoryview]
         return identity, msg, buffers
     msg, buffers = decode(frames)
     return None, msg, buffers
+
+
+def recv_or_drop(
+    sock: zmq.Socket[Any], rejects: Rejects
+) -> tuple[bytes | None, Message, list[memoryview]] | None:
+    """Receive one message; None (counted as ``malformed``) when it cannot be decoded."""
+    try:
+        return recv(sock)
+    except ProtocolError as exc:
+        rejects.count("malformed", str(exc))
+        return None

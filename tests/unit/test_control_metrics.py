@@ -73,6 +73,7 @@ def view():
                 cpu_seconds=4.0,
                 pss_bytes=2 << 20,
                 ready_bytes=4096,
+                rejected={"malformed": 2, "unplanned": 5},
             ),
         ),
         ranks=tuple(
@@ -89,6 +90,7 @@ def view():
             split=3,
             truncated=2,
             dropped=1,
+            rejected={"unexpected": 1},
         ),
         wait_p50_ms=0.1,
         wait_p99_ms=0.4,
@@ -226,7 +228,8 @@ def test_scrape_exposes_the_view(server):
             assert all(s.name.endswith("_total") for s in family.samples), family.name
         for s in family.samples:
             assert s.name.startswith("msd_")
-            assert set(s.labels) <= {"source", "loader", "constructor", "state", "le"}
+            allowed = {"source", "loader", "constructor", "state", "role", "reason", "le"}
+            assert set(s.labels) <= allowed
 
 
 def test_an_update_replaces_the_previous_snapshot(server):
@@ -257,4 +260,14 @@ def test_the_module_docstring_lists_exactly_the_exposed_metrics(server):
     exposed = {name + "_total" if fam.type == "counter" else name for name, fam in f.items()}
     documented = set(re.findall(r"^\s+(msd_\w+)", metrics_module.__doc__, re.MULTILINE))
     assert exposed == documented
-    assert sum(fam.type == "counter" for fam in f.values()) == 11
+    assert sum(fam.type == "counter" for fam in f.values()) == 12
+
+
+def test_rejected_messages_are_counted_by_role_and_reason(server):
+    server.update(view(), HistogramSnapshot.empty(), HistogramSnapshot.empty())
+    _, f = scrape(server)
+    assert samples(f, "msd_rejected_messages_total") == {
+        (("reason", "malformed"), ("role", "constructor")): 2,
+        (("reason", "unplanned"), ("role", "constructor")): 5,
+        (("reason", "unexpected"), ("role", "planner")): 1,
+    }

@@ -1,5 +1,7 @@
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from msd.errors import ProtocolError
 from msd.wire.protocol import Batch, Get, Hello, Payload, TensorSpec, decode, encode
@@ -35,3 +37,59 @@ def test_garbage_is_a_protocol_error_not_an_unpickle():
     with pytest.raises(ProtocolError):
         decode([msgspec.msgpack.encode([999, 1])])
     assert decode(encode(Get(rank=1, step=2, consumed=2)))[0] == Get(rank=1, step=2, consumed=2)
+
+
+def test_impossible_payloads_and_tensors_are_refused():
+    with pytest.raises(ProtocolError, match="sources"):
+        decode(encode(Payload(step=0, source=(1, 2), gpos=(9,), lengths=(1,)), [b"\x00" * 4]))
+    with pytest.raises(ProtocolError, match="negative"):
+        decode(encode(Payload(step=0, source=(1,), gpos=(9,), lengths=(-1,)), [b""]))
+    with pytest.raises(ProtocolError, match="negative"):
+        decode(encode(Payload(step=-1, source=(1,), gpos=(9,), lengths=(0,)), [b""]))
+    for dtype in ("object", "V8", "(2,)i4", "float64,int8"):
+        batch = Batch(step=0, tensors=(TensorSpec("x", dtype, (1,)),))
+        with pytest.raises(ProtocolError, match="dtype"):
+            decode(encode(batch, [b"\x00" * 8]))
+    huge = Batch(step=0, tensors=(TensorSpec("x", "int64", (1 << 40, 1 << 40)),))
+    with pytest.raises(ProtocolError):
+        decode(encode(huge, [b"\x00" * 8]))
+
+
+# Every kind, with fields of the right shape: the starting points that mutations break.
+_VALID = [
+    encode(Hello(role="loader", name="web/0", version=4, pid=5, sources=(0,))),
+    encode(Get(rank=1, step=2, consumed=2)),
+    encode(Payload(step=3, source=(1,), gpos=(9,), lengths=(2,)), [b"\x01" * 8]),
+    encode(Batch(step=0, tensors=(TensorSpec("x", "int32", (2,)),)), [b"\x00" * 8]),
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    base=st.sampled_from(_VALID),
+    cut=st.integers(0, 64),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=4),
+    extra=st.lists(st.binary(max_size=16), max_size=2),
+)
+def test_any_mutated_message_decodes_or_is_a_protocol_error(base, cut, flips, extra):
+    """Truncated, bit-flipped, with frames added or lost: decoding either yields a message
+    whose buffers match it, or raises ProtocolError, never anything else."""
+    header = bytearray(bytes(base[0])[: max(1, len(base[0]) - cut)])
+    for at, bits in flips:
+        header[at % len(header)] ^= bits
+    frames = [bytes(header), *base[1:], *extra]
+    try:
+        msg, buffers = decode(frames)
+    except ProtocolError:
+        return
+    assert isinstance(msg, msgspec.Struct) and all(isinstance(b, memoryview) for b in buffers)
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(st.binary(max_size=64), max_size=4))
+def test_random_frames_decode_or_are_a_protocol_error(frames):
+    try:
+        msg, _ = decode(frames)
+    except ProtocolError:
+        return
+    assert isinstance(msg, msgspec.Struct)

@@ -1,0 +1,93 @@
+"""The payloads a Data Constructor holds until their step is built (no sockets).
+
+A step's plan (from the Planner) says which samples ``(source, gpos)`` it needs; loaders send
+their tokens, usually after the plan, sometimes just before it. The intake keeps, per step:
+
+* for a planned step, the tokens of the samples its plan needs. A payload for a sample the plan
+  does not list was routed by nobody: dropped (``unplanned``). The first copy of a sample wins
+  (a shadow may send again what a lost loader sent: the same tokens), so a later payload can
+  never replace tokens already held;
+* for a step whose plan has not come yet, what arrived, within ``early_cap_bytes`` in all.
+  When its plan comes, what it does not need is dropped (``unplanned``). Over the cap the
+  furthest step's payloads go first (``over-capacity``): a legitimate early payload is for a
+  step right after the planned ones, a flood spreads over the whole window.
+
+Which steps are accepted at all (the window) is the Constructor's call; the intake only counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from msd.wire.rejects import Rejects
+
+Key = tuple[int, int]  # (source, gpos)
+
+
+class Intake:
+    def __init__(self, rejects: Rejects, early_cap_bytes: int) -> None:
+        self.rejects = rejects
+        self.early_cap_bytes = early_cap_bytes
+        self.missing: dict[int, set[Key]] = {}  # planned step → samples not received yet
+        self.held: dict[int, dict[Key, np.ndarray]] = {}  # step → tokens received for it
+        self.early: dict[int, int] = {}  # unplanned step → bytes of the frames kept for it
+
+    @property
+    def early_bytes(self) -> int:
+        return sum(self.early.values())
+
+    def planned(self, step: int) -> bool:
+        return step in self.missing
+
+    def add(self, step: int, keys: list[Key], samples: list[np.ndarray], frame_bytes: int) -> None:
+        """The samples of one payload for ``step`` (``samples`` are views on its frame)."""
+        held = self.held.setdefault(step, {})
+        missing = self.missing.get(step)
+        kept = 0
+        for key, tokens in zip(keys, samples, strict=True):
+            if key in held:
+                continue  # a second copy: the first stays
+            if missing is not None and key not in missing:
+                self.rejects.count("unplanned", f"step {step} does not need sample {key}")
+                continue
+            held[key] = tokens
+            kept += 1
+            if missing is not None:
+                missing.discard(key)
+        if missing is None and kept:
+            self.early[step] = self.early.get(step, 0) + frame_bytes
+            self._bound_early()
+        if not held:
+            del self.held[step]
+
+    def plan(self, step: int, needed: set[Key]) -> None:
+        """The plan of ``step`` came: keep what it needs of what arrived, wait for the rest."""
+        self.early.pop(step, None)
+        held = self.held.get(step, {})
+        for key in [k for k in held if k not in needed]:
+            del held[key]
+            self.rejects.count("unplanned", f"step {step} does not need sample {key}")
+        self.missing[step] = needed - held.keys()
+
+    def complete(self, step: int) -> bool:
+        return not self.missing.get(step, True)
+
+    def take(self, step: int) -> dict[Key, np.ndarray]:
+        """The tokens of a complete step; the intake forgets the step."""
+        del self.missing[step]
+        return self.held.pop(step, {})
+
+    def forget_below(self, step: int) -> None:
+        """Drop whatever is held for steps before ``step`` (built already, or never will be)."""
+        for old in [s for s in self.held if s < step]:
+            del self.held[old]
+            self.early.pop(old, None)
+        for old in [s for s in self.missing if s < step]:
+            del self.missing[old]
+
+    def _bound_early(self) -> None:
+        while self.early and self.early_bytes > self.early_cap_bytes:
+            furthest = max(self.early)
+            n = len(self.held.pop(furthest, {}))
+            del self.early[furthest]
+            self.rejects.count("over-capacity", f"{n} samples of step {furthest} dropped")
