@@ -8,15 +8,17 @@ from typing import Annotated
 import typer
 
 from msd.checkpoint.compat import differences, keeping_padding
+from msd.checkpoint.signing import job_key_file
 from msd.checkpoint.store import open_checkpoint
+from msd.checkpoint.validate import snapshot_recipe
 from msd.control.history import load_history, make_change
-from msd.errors import CheckpointError, RecipeError
+from msd.errors import CheckpointError
 from msd.launch.check import check_sources
 from msd.launch.local import LocalJob
 from msd.launch.slurm import SlurmJob
 from msd.plan.schedule import MixChange
 from msd.recipe.load import load_recipe
-from msd.recipe.schema import Recipe, from_json, stream_fingerprint, to_json
+from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.sources.index import open_source
 
 from .common import err_console, user_errors
@@ -34,7 +36,8 @@ def restore(
     recipe: Annotated[
         Path | None,
         typer.Option(
-            help="Continue under this recipe (e.g. other DP/TP/PP sizes), not the saved one."
+            help="Continue under this recipe (e.g. other DP/TP/PP sizes), not the saved one; "
+            "needed for a checkpoint without its job's key: its trainer command runs."
         ),
     ] = None,
     step: Annotated[
@@ -53,10 +56,9 @@ def restore(
     for problem in found.passed_over:
         err_console.print(f"[yellow]passed over:[/] {problem}", highlight=False, soft_wrap=True)
     snap = found.snapshot
-    try:
-        saved = from_json(json.dumps(snap.recipe).encode())
-    except RecipeError as exc:
-        raise CheckpointError(f"{found.path} holds a recipe this msd cannot read: {exc}") from None
+    saved = snapshot_recipe(snap, found.path)
+    if recipe is None and not found.verified:
+        raise CheckpointError(_unverified(found.path))
     if recipe is not None:
         parsed, text, where = load_recipe(recipe), recipe.read_text(), recipe
     else:
@@ -93,6 +95,16 @@ def restore(
         else LocalJob(parsed, text, run_dir, changes, resume)
     )
     run_job(job, parsed, chosen, json_out)
+
+
+def _unverified(path: Path) -> str:
+    """Why the command in an unverifiable snapshot is not run, and what to do instead."""
+    key = job_key_file(path)
+    why = "it is not signed" if key.is_file() else f"its job's key {key} is not beside it"
+    return (
+        f"{path} cannot be verified ({why}), so the trainer command it holds is not run; "
+        "pass --recipe RECIPE to continue under that recipe and its trainer command"
+    )
 
 
 def _mix_history(

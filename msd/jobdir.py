@@ -23,11 +23,15 @@ on a shared filesystem under SLURM.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import msgspec
 
 from msd.errors import LaunchError
 from msd.recipe.schema import Recipe, from_json
@@ -35,13 +39,44 @@ from msd.wire.keys import KEY_FILE, JobKeys, load_keys
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so a reader never sees half a file."""
+    """Write via a temporary file and rename, so a reader never sees half a file; a failed
+    write leaves no temporary file behind (on a full disk it would hold the space)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the filesystem is full (or the user's quota is)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def full_message(root: Path, what: str = "") -> str:
+    """One sentence: the job folder's filesystem is full (``what`` could not be written)."""
+    try:
+        free = f"{shutil.disk_usage(root).free:,} bytes free"
+    except OSError:
+        free = "no space left"
+    wrote = f" writing {what}" if what else ""
+    return (
+        f"the job folder {root} is full ({free} on its filesystem{wrote}); "
+        "free space there or use another --run-dir"
+    )
+
+
+def nearly_full(root: Path, margin_bytes: int = 1 << 20) -> bool:
+    """Whether the job folder's filesystem has less than ``margin_bytes`` left."""
+    try:
+        return shutil.disk_usage(root).free < margin_bytes
+    except OSError:
+        return False
 
 
 class Published(NamedTuple):
@@ -113,18 +148,32 @@ class JobDir:
         return self.root / "trainer"
 
     def create(self) -> None:
-        for sub in (self.root, self.root / "endpoints", self.logs, self.trainer):
-            sub.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
+        """The folder, owner only (0700) from its first moment: it holds the job's key."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)  # the umask may have taken bits; exist_ok kept an old mode
+        for sub in (self.root / "endpoints", self.logs, self.trainer):
+            sub.mkdir(mode=0o700, exist_ok=True)
 
     def recipe(self) -> Recipe:
         try:
             return from_json(self.recipe_json.read_bytes())
         except FileNotFoundError:
             raise LaunchError(f"{self.root} is not an msd job folder (no recipe.json)") from None
+        except msgspec.MsgspecError as exc:
+            raise LaunchError(f"{self.recipe_json} is not a valid recipe ({exc})") from None
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
         atomic_write(path, json.dumps(data, indent=2, sort_keys=True).encode())
+
+    def write_json_in_place(self, path: Path, data: dict[str, Any]) -> None:
+        """Overwrite ``path`` itself, not via a new file: on a full disk its own blocks are
+        freed and reused (a reader may see it half written, which a torn JSON read tells)."""
+        with open(path, "r+b" if path.exists() else "wb") as f:
+            f.truncate(0)
+            f.write(json.dumps(data, sort_keys=True).encode())
+            f.flush()
+            os.fsync(f.fileno())
 
     def read_json(self, path: Path) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(path.read_text())

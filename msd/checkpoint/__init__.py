@@ -10,5 +10,7 @@ cursor, and the samples drawn but not yet placed (``msd.plan.step.PlannerState``
                                          that moved and the carry, with a CRC each
 
 ``format``: the two file formats; ``store``: writing them and finding the state at a step;
+``validate``: every field typed and in range, the embedded recipe checked as a recipe file;
+``signing``: snapshots signed with the job's key (what ``msd restore`` may trust);
 ``compat``: whether a checkpoint may continue under another recipe.
 """

@@ -9,16 +9,20 @@ import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from msd.checkpoint.format import (
     Delta,
     Snapshot,
+    Totals,
     decode_delta,
     decode_snapshot,
     encode_delta,
     encode_snapshot,
+    verified,
 )
+from msd.checkpoint.signing import key_for
+from msd.checkpoint.validate import delta_problem
 from msd.errors import CheckpointError
 from msd.jobdir import atomic_write
 from msd.plan.step import PlannerState
@@ -38,11 +42,13 @@ def log_name(step: int) -> str:
 @dataclass(frozen=True)
 class Found:
     """The state at a step, rebuilt from ``path`` (a snapshot) and the log after it;
-    ``passed_over``: damaged files or lines met on the way (newest first)."""
+    ``passed_over``: damaged files or lines met on the way (newest first); ``verified``: the
+    snapshot is signed with its job's key (``msd.checkpoint.signing``)."""
 
     snapshot: Snapshot
     path: Path
     passed_over: tuple[str, ...] = ()
+    verified: bool = False
 
     @property
     def step(self) -> int:
@@ -50,11 +56,13 @@ class Found:
 
 
 class CheckpointStore:
-    """``JOB/checkpoints``: snapshots every so often, a delta a step in between."""
+    """``JOB/checkpoints``: snapshots every so often, a delta a step in between. With the
+    job's signing ``key``, snapshots are signed when written and checked when read."""
 
-    def __init__(self, root: Path, keep: int = 3) -> None:
+    def __init__(self, root: Path, keep: int = 3, key: bytes | None = None) -> None:
         self.root = root
         self.keep = max(1, keep)
+        self.key = key
         self._log: BinaryIO | None = None
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
@@ -67,7 +75,7 @@ class CheckpointStore:
         before it lands leaves the previous snapshot and the logs, which reach this step."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / snapshot_name(snap.step)
-        data = encode_snapshot(snap)
+        data = encode_snapshot(snap, self.key)
         self.wait()
         self.close_log()
         # A new, empty log: lines a log of this step held from an earlier life are stale.
@@ -149,56 +157,83 @@ class CheckpointStore:
         candidates = [(s, p) for s, p in self.snapshots() if step is None or s <= step]
         for _, path in reversed(candidates):
             try:
-                snap = decode_snapshot(path.read_bytes(), path)
+                data = path.read_bytes()
+                snap = decode_snapshot(data, path, self.key)
             except (CheckpointError, OSError) as exc:
                 passed.append(str(exc))
                 continue
-            state, tokens, problem = self._replay(snap, step)
+            state, deltas, problem = self._replay(snap, step)
             if problem:
                 passed.append(problem)
             if step is not None and state.step != step:
                 passed.append(f"{path} and the log after it reach step {state.step}, not {step}")
                 continue
-            totals = dataclasses.replace(snap.totals, tokens=snap.totals.tokens + tokens)
-            found = dataclasses.replace(snap, state=state, totals=totals)
-            return Found(found, path, tuple(passed))
+            found = dataclasses.replace(snap, state=state, **_delivered(snap, deltas))
+            return Found(found, path, tuple(passed), verified(data, self.key))
         where = f"at or before step {step} " if step is not None else ""
         detail = "; ".join(passed) if passed else "there is none"
         raise CheckpointError(f"no usable checkpoint {where}in {self.root}: {detail}")
 
-    def _replay(self, snap: Snapshot, until: int | None) -> tuple[PlannerState, int, str]:
-        """The snapshot's state with the logs after it applied, up to ``until``; the tokens
-        those steps held, and the first damage met (the replay stops there)."""
-        state, tokens = snap.state, 0
+    def _replay(self, snap: Snapshot, until: int | None) -> tuple[PlannerState, list[Delta], str]:
+        """The snapshot's state with the logs after it applied, up to ``until``; the deltas
+        applied, and the first damage met (the replay stops there)."""
+        state, deltas = snap.state, list[Delta]()
         for start, path in self._logs():
             if start < snap.step:
                 continue
             with open(path, "rb") as f:
                 for number, line in enumerate(f, 1):
                     if until is not None and state.step >= until:
-                        return state, tokens, ""
+                        return state, deltas, ""
                     delta = decode_delta(line)
                     if delta is None:
-                        return state, tokens, f"{path} line {number} is damaged; stopped there"
+                        return state, deltas, f"{path} line {number} is damaged; stopped there"
+                    wrong = delta_problem(
+                        delta.moved, delta.carry, delta.tokens, len(state.cursors)
+                    )
+                    if wrong:
+                        return state, deltas, f"{path} line {number} {wrong}; stopped there"
                     if delta.step <= state.step:
                         continue
                     if delta.step != state.step + 1:
-                        return state, tokens, f"{path} line {number} skips a step; stopped there"
-                    state, tokens = delta.apply(state), tokens + delta.tokens
-        return state, tokens, ""
+                        return state, deltas, f"{path} line {number} skips a step; stopped there"
+                    state = delta.apply(state)
+                    deltas.append(delta)
+        return state, deltas, ""
+
+
+def _delivered(snap: Snapshot, deltas: list[Delta]) -> dict[str, Any]:
+    """The snapshot's totals and counters with what the logged steps delivered added."""
+    samples, tokens = list(snap.totals.source_samples), list(snap.totals.source_tokens)
+    counters = snap.counters
+    for delta in deltas:
+        counters += delta.counters
+        for source, n, t in delta.sources:
+            if source < len(samples) and source < len(tokens):  # a snapshot without them: none
+                samples[source] += n
+                tokens[source] += t
+    total = snap.totals.tokens + sum(d.tokens for d in deltas)
+    return {"totals": Totals(total, tuple(samples), tuple(tokens)), "counters": counters}
 
 
 def open_checkpoint(path: Path, step: int | None = None) -> Found:
     """What ``msd restore PATH`` continues from: a snapshot file (exactly its step), a job
-    folder or its ``checkpoints`` folder (the latest step, or ``step``)."""
-    if path.is_file():
-        snap = decode_snapshot(path.read_bytes(), path)
-        if step is not None and step != snap.step:
-            raise CheckpointError(f"{path} holds step {snap.step}, not {step}")
-        return Found(snap, path)
+    folder or its ``checkpoints`` folder (the latest step, or ``step``). Verified when its
+    job's key is beside it (``JOB/job.key``) and its signature matches; refused when signed
+    and the signature does not match."""
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
+    key = key_for(path)
+    if path.is_file():
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {path} ({exc.strerror or exc})") from None
+        snap = decode_snapshot(data, path, key)
+        if step is not None and step != snap.step:
+            raise CheckpointError(f"{path} holds step {snap.step}, not {step}")
+        return Found(snap, path, verified=verified(data, key))
     root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if not CheckpointStore(root).snapshots():
         raise CheckpointError(f"{path} holds no checkpoint (no {root}/step-*.json)")
-    return CheckpointStore(root).find(step)
+    return CheckpointStore(root, key=key).find(step)

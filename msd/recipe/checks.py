@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import msgspec
 
 from msd.recipe.plan_checks import check_plan
 from msd.recipe.schema import Recipe, Source, Transform
@@ -16,6 +19,9 @@ from msd.recipe.schema import Recipe, Source, Transform
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _FUNCTION = re.compile(rf"{_DOTTED}:{_DOTTED}")
+# Every int travels in msgpack and numpy as 64 bits; steps leave room for step + prefetch.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+STEPS_MAX = 2**62
 
 
 class Problem(NamedTuple):
@@ -27,11 +33,48 @@ class Problem(NamedTuple):
 
 def check_recipe(recipe: Recipe) -> list[Problem]:
     """Every semantic problem of ``recipe``, in recipe order; empty when it is consistent."""
+    too_big = _check_int_range(recipe)
+    if too_big:  # the other rules compute with these numbers (numpy, products): stop here
+        return too_big
     problems = _check_sources(recipe.sources)
     for i, source in enumerate(recipe.sources):
         problems += _check_source(f"sources[{i}]", source)
     problems += _check_batch(recipe) + _check_steps(recipe) + _check_rest(recipe)
     return problems + [Problem(*p) for p in check_plan(recipe)]
+
+
+def _check_int_range(recipe: Recipe) -> list[Problem]:
+    fixes = {"seed": "use a seed from 0 to 2**63 - 1"}
+    problems = [
+        Problem(
+            key,
+            f"is {value}, beyond a 64-bit integer; "
+            + fixes.get(key, "use a value from -2**63 to 2**63 - 1"),
+        )
+        for key, value in _ints(recipe, "")
+        if not INT_MIN <= value <= INT_MAX
+    ]
+    if recipe.steps is not None and STEPS_MAX < recipe.steps <= INT_MAX:
+        fix = f"run at most 2**62 = {STEPS_MAX} steps"
+        problems.append(Problem("steps", f"is {recipe.steps}, too many; {fix}"))
+    return problems
+
+
+def _ints(value: Any, path: str) -> Iterator[tuple[str, int]]:
+    """(key path, value) of every int in a recipe tree."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        yield path, value
+    elif isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            yield from _ints(getattr(value, name), f"{path}.{name}" if path else name)
+    elif isinstance(value, tuple | list):
+        for i, item in enumerate(value):
+            yield from _ints(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _ints(item, f"{path}.{key}")
 
 
 def _at_least(key: str, value: float, low: float, fix: str) -> list[Problem]:

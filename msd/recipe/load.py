@@ -47,11 +47,33 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     try:
         recipe = msgspec.convert(data, Recipe)
     except msgspec.ValidationError as e:
-        raise RecipeError(_validation_message(name, lines, str(e))) from None
+        raise RecipeError(_validation_message(name, lines, str(e), data)) from None
     problems = [f"{_where(name, lines, key)}: {msg}" for key, msg in check_recipe(recipe)]
     if problems:
         raise RecipeError("\n".join(problems))
     return recipe
+
+
+def recipe_from_data(data: Any, where: str) -> Recipe:
+    """A recipe held as JSON data (the one a checkpoint embeds), checked like a recipe file;
+    a `RecipeError` naming ``where`` and the key path of the first problem."""
+    try:
+        recipe = msgspec.convert(data, Recipe)
+    except msgspec.ValidationError as e:
+        match = _AT.match(str(e))
+        what, path = (match["what"], (match["path"] or "").lstrip(".")) if match else (str(e), "")
+        what = re.sub(r"`([^`]*)`", r"\1", what)
+        raise RecipeError(f"{where}: {_in_recipe(path)}: {what[:1].lower()}{what[1:]}") from None
+    problems = check_recipe(recipe)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        key, message = problems[0]
+        raise RecipeError(f"{where}: {_in_recipe(key)}: {message}{more}")
+    return recipe
+
+
+def _in_recipe(path: str) -> str:
+    return f"recipe.{path}" if path else "recipe"
 
 
 def _read_text(name: str) -> str:
@@ -208,7 +230,7 @@ def _where(name: str, lines: dict[str, int], path: str) -> str:
     return f"{name}:{lines[probe]}: {path}" if path else f"{name}:{lines[probe]}"
 
 
-def _validation_message(name: str, lines: dict[str, int], error: str) -> str:
+def _validation_message(name: str, lines: dict[str, int], error: str, data: Any = None) -> str:
     match = _AT.match(error)
     what, path = (match["what"], (match["path"] or "").lstrip(".")) if match else (error, "")
     missing = _MISSING.match(what)
@@ -219,8 +241,36 @@ def _validation_message(name: str, lines: dict[str, int], error: str) -> str:
         return f"{_where(name, lines, key)}: missing required key; {fix}"
     # msgspec speaks JSON; a recipe author reads YAML.
     what = re.sub(r"`([^`]*)`", lambda m: _YAML_WORDS.get(m[1], m[1]), what)
-    fix = f"set it to {_describe(_type_at(path))}"
+    fix = _exponent_fix(_value_at(data, path)) or f"set it to {_describe(_type_at(path))}"
     return f"{_where(name, lines, path)}: {what[:1].lower()}{what[1:]}; {fix}"
+
+
+# YAML 1.1 (PyYAML) reads a number in exponent form only with a dot and a signed exponent.
+_EXPONENT = re.compile(
+    r"^(?P<sign>[-+]?)(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?[eE](?P<exp>[-+]?[0-9]+)$"
+)
+
+
+def _exponent_fix(value: Any) -> str:
+    """What to write for a number YAML took for text (``1e308``), or "" if it is not one."""
+    if not isinstance(value, str) or not (m := _EXPONENT.match(value.strip())):
+        return ""
+    exp = int(m["exp"])
+    written = f"{m['sign']}{m['int']}.{m['frac'] or '0'}e{'-' if exp < 0 else '+'}{abs(exp)}"
+    why = "YAML reads an exponent number as text unless it has a dot and a signed exponent"
+    return f"write {written} instead of {value} ({why})"
+
+
+def _value_at(data: Any, path: str) -> Any:
+    """The value at a key path such as ``sources[0].weight`` in the parsed YAML, or None."""
+    for part in re.findall(r"\[\d+\]|[^.\[]+", path):
+        if part.startswith("[") and isinstance(data, list) and int(part[1:-1]) < len(data):
+            data = data[int(part[1:-1])]
+        elif isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return None
+    return data
 
 
 def _type_at(path: str) -> mi.Type:

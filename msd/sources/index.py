@@ -56,13 +56,23 @@ def open_source(source: Source, key: str) -> SourceIndex:
     column, kind = _column(source, key)
     files = _expand(source, key)
     groups: list[RowGroup] = []
+    holds_text = False
     for path in files:
-        groups.extend(_file_row_groups(source, key, path, column, kind))
+        found, text = _file_row_groups(source, key, path, column, kind)
+        groups.extend(found)
+        holds_text = holds_text or text
     starts = tuple(itertools.accumulate((g.num_rows for g in groups), initial=0))
     if starts[-1] == 0:
         raise SourceError(
             f"source '{source.name}' ({key}.path): the {len(files)} file(s) matching "
             f"'{source.path}' hold no rows; point the path at non-empty data"
+        )
+    if not holds_text:
+        raise SourceError(
+            f"source '{source.name}' ({key}.text_column): column '{column}' is null or empty "
+            f"in all {starts[-1]:,} rows of the {len(files)} file(s) matching '{source.path}' "
+            "(their Parquet statistics say so); name a column that holds text, or remove the "
+            "source"
         )
     return SourceIndex(
         name=source.name,
@@ -101,7 +111,9 @@ def _expand(source: Source, key: str) -> tuple[str, ...]:
 
 def _file_row_groups(
     source: Source, key: str, path: str, column: str, kind: ColumnKind
-) -> list[RowGroup]:
+) -> tuple[list[RowGroup], bool]:
+    """The file's row groups, and whether its column may hold text (False: its statistics
+    show every cell null or empty)."""
     try:
         with pq.ParquetFile(path) as pf:
             meta, schema = pf.metadata, pf.schema_arrow
@@ -111,7 +123,28 @@ def _file_row_groups(
             f"({_reason(exc)}); fix or remove it, or narrow the glob"
         ) from exc
     _check_column(source, key, path, schema, column, kind)
-    return [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+    groups = [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+    return groups, kind == "tokens" or _may_hold_text(meta, column)
+
+
+def _may_hold_text(meta: pq.FileMetaData, column: str) -> bool:
+    """False only when every row group's statistics show the column all null or all empty
+    strings (absent statistics prove nothing)."""
+    leaf = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == column), None)
+    if leaf is None:
+        return True
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        stats = group.column(leaf).statistics
+        if group.num_rows == 0:
+            continue
+        if stats is None:
+            return True
+        all_null = stats.has_null_count and stats.null_count >= group.num_rows
+        all_empty = stats.has_min_max and stats.max in ("", b"")
+        if not (all_null or all_empty):
+            return True
+    return False
 
 
 def _check_column(

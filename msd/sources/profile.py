@@ -24,6 +24,7 @@ class SourceProfile:
     text_bytes: int
     read_s: float
     transform_s: float
+    lengths: tuple[int, ...] = ()  # each profiled sample's tokens
 
     @property
     def tokens_per_sample(self) -> float:
@@ -44,6 +45,7 @@ def profile_source(
     reader = RowGroupReader()
     samples = tokens = text_bytes = 0
     read_s = transform_s = 0.0
+    lengths: list[int] = []
     for rg in index.row_groups:
         started = time.perf_counter()
         column = reader.read(rg, index.column)
@@ -56,10 +58,12 @@ def profile_source(
         ids = tokenize(column)
         transform_s += time.perf_counter() - started
         samples += len(ids)
-        tokens += sum(len(t) for t in ids)
+        new = [len(t) for t in ids]
+        lengths += new
+        tokens += sum(new)
         if samples >= max_samples or transform_s >= max_s:
             break
-    return SourceProfile(samples, tokens, text_bytes, read_s, transform_s)
+    return SourceProfile(samples, tokens, text_bytes, read_s, transform_s, tuple(lengths))
 
 
 def _nbytes(column: pa.Array) -> int:

@@ -137,6 +137,7 @@ def test_a_damaged_checkpoint_is_refused_and_the_one_before_still_works(
     (copy / "checkpoints").mkdir(parents=True)
     for p in (original / "checkpoints").iterdir():
         (copy / "checkpoints" / p.name).write_bytes(p.read_bytes())
+    (copy / "job.key").write_bytes((original / "job.key").read_bytes())  # its snapshots verify
     newest = copy / "checkpoints" / f"step-{STEPS:08d}.json"
     newest.write_bytes(newest.read_bytes()[:100])  # torn
     flipped = copy / "checkpoints" / "step-00000100.json"
