@@ -13,16 +13,23 @@ from rich.text import Text
 
 from msd.control.history import load_history
 from msd.errors import LaunchError
+from msd.jobdir import atomic_write, full_message, is_full
 from msd.launch.autopartition import plan_loaders, resolve
 from msd.launch.check import check_sources
 from msd.launch.local import INTERRUPTED, LocalJob, summary
 from msd.launch.slurm import SlurmJob
 from msd.launch.slurm_plan import submissions
+from msd.plan.partition import loader_processes
+from msd.recipe.advice import listing
+from msd.recipe.advice import summary as loader_summary
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
 from msd.wire.protocol import Status
 
 from .common import console, err_console, user_errors
+from .validate import warn_if_many_loaders, warn_long_samples
+
+SOURCES_SHOWN = 12  # rows of the progress view; the largest weights first beyond that
 
 
 def progress_view(status: Status, weights: dict[str, float]) -> Group:
@@ -48,8 +55,14 @@ def progress_view(status: Status, weights: dict[str, float]) -> Group:
     table.add_column("source")
     table.add_column("weight", justify="right")
     table.add_column("share of samples", justify="right")
-    for name, share in s["sources"].items():
-        table.add_row(name, f"{weights[name]:.3f}", f"{share:.3f}")
+    shares: dict[str, float] = s["sources"]
+    shown = sorted(shares, key=lambda n: -weights[n])[:SOURCES_SHOWN]
+    for name in shares:
+        if name in shown:
+            table.add_row(name, f"{weights[name]:.3f}", f"{shares[name]:.3f}")
+    if len(shares) > len(shown):
+        more = Text(f"and {len(shares) - len(shown)} more sources (--json has them all)", "dim")
+        return Group(header, bar, table, more)
     return Group(header, bar, table)
 
 
@@ -68,6 +81,8 @@ def _final_table(status: Status) -> Table:
         "split_samples",
         "truncated_samples",
         "dropped_samples",
+        "truncated_tokens",
+        "empty_samples",
     ):
         table.add_row(key, f"{s[key]:,}" if isinstance(s[key], int) else f"{s[key]:,.3f}")
     return table
@@ -95,6 +110,8 @@ def launch(
     chosen = cluster_of(parsed, cluster)
     check_sources(parsed, recipe)
     parsed = resolve_auto_loaders(parsed, json_out)
+    warn_if_many_loaders(len(loader_processes(parsed)), chosen)
+    warn_long_samples(parsed)
     if dry_run:
         _print_submissions(parsed, json_out)
         return
@@ -120,15 +137,18 @@ def resolve_auto_loaders(parsed: Recipe, json_out: bool) -> Recipe:
     auto = plan_loaders(parsed)
     parsed = resolve(parsed, auto)
     if not json_out:
-        shown = ", ".join(f"{s.name} {s.loaders}" for s in parsed.sources)
-        groups = "; ".join("+".join(g) for g in parsed.loader.groups) or "none"
-        console.print(f"loaders (auto, {auto.cpus} CPUs): {shown}; shared: {groups}")
+        shown = loader_summary(parsed, loader_processes(parsed))
+        console.print(
+            f"loaders (auto, {auto.cpus} CPUs): {shown} (each process: JOB/loaders.txt)",
+            highlight=False,
+        )
     return parsed
 
 
 def run_job(job: LocalJob | SlurmJob, parsed: Recipe, chosen: str, json_out: bool) -> None:
     """Run a prepared job to its end with live progress; the summary, or an exit code ≠ 0."""
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
+    _write_loaders(job.job.root / "loaders.txt", parsed)
     if not json_out:
         console.print(f"job folder: {job.job.root}")
     live = (
@@ -150,6 +170,15 @@ def run_job(job: LocalJob | SlurmJob, parsed: Recipe, chosen: str, json_out: boo
         if live is None:
             console.print(progress_view(outcome.status, weights))
         console.print(_final_table(outcome.status))
+
+
+def _write_loaders(path: Path, recipe: Recipe) -> None:
+    try:
+        atomic_write(path, listing(recipe, loader_processes(recipe)).encode())
+    except OSError as exc:
+        if is_full(exc):
+            raise LaunchError(full_message(path.parent, path.name)) from None
+        raise
 
 
 def _print_slurm_ids(ids: dict[str, str]) -> None:

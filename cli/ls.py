@@ -9,11 +9,18 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from msd.control.runs import DEAD, UNREADABLE, RunInfo, human_age, list_runs
+from msd.control.runs import LOST, UNREADABLE, RunInfo, human_age, list_runs
 
 from .common import console, user_errors
 
-_STYLES = {"running": "green", "done": "blue", "failed": "red", DEAD: "red", UNREADABLE: "yellow"}
+_STYLES = {
+    "running": "green",
+    "done": "blue",
+    "failed": "red",
+    "stopped": "yellow",
+    LOST: "red",
+    UNREADABLE: "yellow",
+}
 
 
 @user_errors
@@ -23,7 +30,8 @@ def ls(
     ] = Path("runs"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the jobs as JSON.")] = False,
 ) -> None:
-    """List the jobs of a run folder, newest first: state, age and last step."""
+    """List the jobs of a run folder, newest first: state (running, done, failed, stopped, or
+    lost: its launcher is gone), age and the last step every rank consumed."""
     runs = list_runs(run_dir, now=time.time())
     if json_out:
         print(json.dumps([r.as_json() for r in runs], indent=2))

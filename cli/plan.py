@@ -13,6 +13,7 @@ from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
 
 from .common import console, user_errors
+from .validate import warn_long_samples
 
 
 def plan_rows(recipe: Recipe, plan: AutoPlan) -> list[dict[str, object]]:
@@ -50,6 +51,7 @@ def plan(
     result = plan_loaders(parsed)
     rows = plan_rows(parsed, result)
     processes = sum(result.allocation.loaders) + len(result.allocation.groups)
+    warn_long_samples(parsed, result.profiles)
     if json_out:
         print(json.dumps({"cpus": result.cpus, "processes": processes, "sources": rows}, indent=2))
         return

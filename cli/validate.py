@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -7,9 +9,26 @@ import typer
 from rich.table import Table
 
 from msd.launch.check import check_sources
+from msd.launch.long_samples import long_sample_warnings
+from msd.recipe.advice import count_processes, too_many_loaders
 from msd.recipe.load import load_recipe
+from msd.recipe.schema import Recipe
+from msd.sources.profile import SourceProfile
 
-from .common import console, user_errors
+from .common import console, err_console, user_errors
+
+
+def warn_if_many_loaders(processes: int, cluster: str) -> None:
+    """A warning on stderr when the job would start too many loader processes."""
+    advice = too_many_loaders(processes, os.cpu_count() or 1, cluster)
+    if advice is not None:
+        err_console.print(f"[bold yellow]warning:[/] {advice}", highlight=False, soft_wrap=True)
+
+
+def warn_long_samples(recipe: Recipe, profiles: Sequence[SourceProfile] | None = None) -> None:
+    """A warning on stderr for each source whose samples lose tokens to long_samples."""
+    for warning in long_sample_warnings(recipe, profiles):
+        err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
 
 @user_errors
@@ -33,3 +52,5 @@ def validate(
             str(s.loaders),
         )
     console.print(table)
+    warn_if_many_loaders(count_processes(parsed, os.cpu_count() or 1), parsed.cluster)
+    warn_long_samples(parsed)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +90,15 @@ def processes_of_launcher(launcher_pid: int) -> list[psutil.Process]:
 
 def run_msd(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`msd ARGS` as a user runs it, output captured."""
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, "-m", "msd.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+    _LAUNCHED.append((result, cwd))
+    return result
 
 
 def restore_sigint() -> None:
@@ -106,15 +108,35 @@ def restore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_launch(cwd: Path, recipe_file: str) -> subprocess.Popen[str]:
-    """`msd launch RECIPE` in the background, its output captured."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "msd.cli", "launch", recipe_file],
+class Launcher(subprocess.Popen[str]):
+    """A launcher started by a test; keeps what ``communicate`` read (``said``), so a failed
+    test can still show it."""
+
+    said: tuple[str, str] | None = None
+
+    def communicate(self, *args: Any, **kwargs: Any) -> tuple[str, str]:
+        out, err = super().communicate(*args, **kwargs)
+        self.said = (out or "", err or "")
+        return self.said
+
+
+# What the running test launched: (launcher or finished command, its working folder). A failed
+# test shows each one's output and the tails of its jobs' logs (``pytest_runtest_makereport``).
+_LAUNCHED: list[tuple[Launcher | subprocess.CompletedProcess[str], Path]] = []
+
+
+def start_launch(cwd: Path, recipe_file: str, *options: str) -> Launcher:
+    """`msd launch RECIPE [OPTIONS]` in the background, its output captured."""
+    launcher = Launcher(
+        [sys.executable, "-m", "msd.cli", "launch", recipe_file, *options],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=restore_sigint,  # `msd stop` and Ctrl-C reach it as they reach a user's
     )
+    _LAUNCHED.append((launcher, cwd))
+    return launcher
 
 
 def wait_for_file(
@@ -128,4 +150,73 @@ def wait_for_file(
         if found and len(found[0].read_text().splitlines()) >= lines:
             return found[0]
         time.sleep(0.2)
-    raise AssertionError(f"{pattern} did not appear (launcher exit code {launcher.poll()})")
+    raise LaunchFailed(f"{pattern} did not appear", launcher)
+
+
+LOG_TAIL_LINES = 30
+_LOGS = ("runs/*/logs/*", "runs/*/slurm/*.out", "runs/*/slurm/*.err")
+
+
+def role_log_tails(cwd: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of every role log (and SLURM job log) of the jobs under ``cwd``."""
+    parts = []
+    for log in sorted({path for pattern in _LOGS for path in cwd.glob(pattern)}):
+        if log.is_file() and log.stat().st_size:
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.relative_to(cwd)} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts) or f"(no role logs under {cwd})"
+
+
+def launcher_output(launcher: Launcher | subprocess.Popen[str]) -> tuple[str, str]:
+    """What the launcher wrote; one still running is killed first (its pipes can only be read
+    to their end once it has ended)."""
+    if isinstance(launcher, Launcher) and launcher.said is not None:
+        return launcher.said
+    if launcher.poll() is None:
+        launcher.kill()
+    try:
+        return launcher.communicate(timeout=30)
+    except (ValueError, OSError, subprocess.TimeoutExpired):  # read already, or stuck
+        return "", ""
+
+
+def launch_report(run: Launcher | subprocess.CompletedProcess[str], cwd: Path) -> str:
+    """A launcher's (or a finished command's) exit code and output, and its jobs' log tails."""
+    if isinstance(run, subprocess.CompletedProcess):
+        code, (out, err) = run.returncode, (run.stdout or "", run.stderr or "")
+    else:
+        out, err = launcher_output(run)
+        code = run.returncode
+    command = " ".join(str(a) for a in run.args[3:])  # after `python -m msd.cli`
+    return (
+        f"=== msd {command} (in {cwd}): exit code {code}\n--- stdout\n{out}\n"
+        f"--- stderr\n{err}\n{role_log_tails(cwd)}"
+    )
+
+
+class LaunchFailed(AssertionError):
+    """A launch-driving test's failure; the launcher is ended so that its output can be read
+    (the failed test's report shows it, with the role logs' tails)."""
+
+    def __init__(self, what: str, launcher: subprocess.Popen[str]) -> None:
+        launcher_output(launcher)
+        super().__init__(f"{what} (launcher exit code {launcher.returncode}; its output below)")
+
+
+def assert_launch_ok(launcher: subprocess.Popen[str], out: str, err: str) -> None:
+    """The launcher (its output read already) exited 0; else fail (its output below)."""
+    if launcher.returncode != 0:
+        raise LaunchFailed(f"the launcher failed: {err.strip()[-500:]}", launcher)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report shows what each launcher and ``msd`` command it ran wrote, and the
+    tails of its jobs' role logs."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and _LAUNCHED:
+        for run, cwd in _LAUNCHED:
+            report.sections.append(("msd launched by this test", launch_report(run, cwd)))
+    if report.when == "teardown" or report.failed:
+        _LAUNCHED.clear()

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from msd.checkpoint.signing import signature, signed_by
+from msd.checkpoint.validate import check_body
 from msd.errors import CheckpointError
 from msd.plan.step import PlannerState
 
@@ -27,6 +29,62 @@ class Totals:
 
 
 @dataclass(frozen=True)
+class Counters:
+    """What the long-sample policy did over the steps consumed: samples split, truncated and
+    dropped, and the tokens truncation cut off, per source (``(source, tokens)``, sorted, no
+    zeros). Counted per step consumed, so a restart from a checkpoint counts each step once.
+    ``empty``: samples delivered holding no tokens (null or empty text, or none after the
+    transform): they take a position of the stream and no room in a row."""
+
+    split: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    truncated_tokens: tuple[tuple[int, int], ...] = ()
+    empty: int = 0
+
+    def __add__(self, other: Counters) -> Counters:
+        lost = dict(self.truncated_tokens)
+        for source, n in other.truncated_tokens:
+            lost[source] = lost.get(source, 0) + n
+        return Counters(
+            self.split + other.split,
+            self.truncated + other.truncated,
+            self.dropped + other.dropped,
+            tuple(sorted((s, n) for s, n in lost.items() if n)),
+            self.empty + other.empty,
+        )
+
+    def __bool__(self) -> bool:
+        kept = (self.split, self.truncated, self.dropped, self.truncated_tokens, self.empty)
+        return any(kept)
+
+    def per_source(self, num_sources: int) -> tuple[int, ...]:
+        """The tokens truncation cut off, one entry per source."""
+        lost = dict(self.truncated_tokens)
+        return tuple(lost.get(s, 0) for s in range(num_sources))
+
+    def as_json(self) -> dict[str, Any]:
+        doc = {
+            "split": self.split,
+            "truncated": self.truncated,
+            "dropped": self.dropped,
+            "truncated_tokens": [list(t) for t in self.truncated_tokens],
+        }
+        if self.empty:  # absent from files written before it: they read as 0
+            doc["empty"] = self.empty
+        return doc
+
+    @staticmethod
+    def from_json(doc: Any) -> Counters:
+        """From ``as_json``'s object; absent (a checkpoint from before counters): zeros."""
+        if doc is None:
+            return Counters()
+        lost = tuple(sorted((int(s), int(n)) for s, n in doc.get("truncated_tokens", ())))
+        empty = int(doc.get("empty", 0))
+        return Counters(int(doc["split"]), int(doc["truncated"]), int(doc["dropped"]), lost, empty)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The Planner's state at ``state.step`` (every rank has consumed the steps before it), with
     what it needs to be continued: the recipe (as validated, a JSON object), each source's row
@@ -39,6 +97,7 @@ class Snapshot:
     mix_history: tuple[dict[str, Any], ...] = ()
     totals: Totals = field(default_factory=Totals)
     created: float = 0.0
+    counters: Counters = field(default_factory=Counters)
 
     @property
     def step(self) -> int:
@@ -49,7 +108,8 @@ def _canonical(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
-def encode_snapshot(snap: Snapshot) -> bytes:
+def encode_snapshot(snap: Snapshot, key: bytes | None = None) -> bytes:
+    """The snapshot's file; with the job's signing ``key``, signed (``msd.checkpoint.signing``)."""
     body = {
         "step": snap.state.step,
         "cursors": list(snap.state.cursors),
@@ -64,15 +124,31 @@ def encode_snapshot(snap: Snapshot) -> bytes:
             "source_tokens": list(snap.totals.source_tokens),
         },
         "created": snap.created,
+        "counters": snap.counters.as_json(),
     }
     digest = hashlib.sha256(_canonical(body)).hexdigest()
-    doc = {"format": FORMAT, "version": VERSION, "sha256": digest, "body": body}
+    doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "sha256": digest, "body": body}
+    if key is not None:
+        doc["hmac"] = signature(key, _canonical(body))
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
 
 
-def decode_snapshot(data: bytes, where: Path) -> Snapshot:
+def verified(data: bytes, key: bytes | None) -> bool:
+    """Whether the snapshot in ``data`` carries a signature by ``key`` that matches."""
+    if key is None:
+        return False
+    try:
+        doc = json.loads(data)
+        return signed_by(doc, _canonical(doc["body"]), key) is True
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        return False
+
+
+def decode_snapshot(data: bytes, where: Path, key: bytes | None = None) -> Snapshot:
     """A snapshot from its bytes; a ``CheckpointError`` naming ``where`` if it is truncated,
-    corrupt, of another format or of a version this msd does not read."""
+    corrupt, of another format or of a version this msd does not read, if a field is not of
+    its type or out of range, or, given its job's signing ``key``, if it is signed and the
+    signature does not match."""
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
@@ -90,6 +166,12 @@ def decode_snapshot(data: bytes, where: Path) -> Snapshot:
         "sha256"
     ):
         raise CheckpointError(f"{where} is corrupt: its content does not match its sha256")
+    if key is not None and signed_by(doc, _canonical(body), key) is False:
+        raise CheckpointError(
+            f"{where} was changed after it was written: its signature does not match its "
+            "job's key; restore an untouched copy"
+        )
+    check_body(body, where)
     try:
         totals = body["totals"]
         return Snapshot(
@@ -108,29 +190,40 @@ def decode_snapshot(data: bytes, where: Path) -> Snapshot:
                 tuple(int(x) for x in totals["source_tokens"]),
             ),
             created=float(body["created"]),
+            counters=Counters.from_json(body.get("counters")),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{where} is malformed ({exc})") from None
 
 
 @dataclass(frozen=True)
 class Delta:
     """One consumed step in the log: the state at ``step`` is the state at ``step - 1`` with
-    ``moved`` added to the cursors (source, how many) and ``carry`` as the carry."""
+    ``moved`` added to the cursors (source, how many) and ``carry`` as the carry. What the
+    consumed step delivered: ``tokens``, ``sources`` (source, samples, tokens; sources with
+    none left out) and ``counters``."""
 
     step: int
     moved: tuple[tuple[int, int], ...]
     carry: tuple[tuple[int, int], ...]
     tokens: int = 0
+    sources: tuple[tuple[int, int, int], ...] = ()
+    counters: Counters = field(default_factory=Counters)
 
     @staticmethod
-    def between(before: PlannerState, after: PlannerState, tokens: int = 0) -> Delta:
+    def between(
+        before: PlannerState,
+        after: PlannerState,
+        tokens: int = 0,
+        sources: tuple[tuple[int, int, int], ...] = (),
+        counters: Counters | None = None,
+    ) -> Delta:
         moved = tuple(
             (s, a - b)
             for s, (b, a) in enumerate(zip(before.cursors, after.cursors, strict=True))
             if a != b
         )
-        return Delta(after.step, moved, after.carry, tokens)
+        return Delta(after.step, moved, after.carry, tokens, sources, counters or Counters())
 
     def apply(self, state: PlannerState) -> PlannerState:
         if self.step != state.step + 1:
@@ -148,6 +241,10 @@ def encode_delta(delta: Delta) -> bytes:
         "carry": [list(c) for c in delta.carry],
         "tokens": delta.tokens,
     }
+    if delta.sources:  # absent from lines written before it: they read as none
+        body["sources"] = [list(s) for s in delta.sources]
+    if delta.counters:
+        body["counters"] = delta.counters.as_json()
     crc = zlib.crc32(_canonical(body))
     return json.dumps({**body, "crc": crc}, separators=(",", ":")).encode() + b"\n"
 
@@ -164,6 +261,8 @@ def decode_delta(line: bytes) -> Delta | None:
             tuple((int(s), int(n)) for s, n in doc["moved"]),
             tuple((int(s), int(g)) for s, g in doc["carry"]),
             int(doc["tokens"]),
+            tuple((int(s), int(n), int(t)) for s, n, t in doc.get("sources", ())),
+            Counters.from_json(doc.get("counters")),
         )
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         return None

@@ -151,6 +151,7 @@ class JobObserver:
         counts: dict[str, int],
         planner_pid: int,
         now: float | None = None,
+        rejected: dict[str, int] | None = None,
     ) -> StatusView:
         now = time.monotonic() if now is None else now
         first, last = self._window()
@@ -207,6 +208,8 @@ class JobObserver:
             split=counts.get("split", 0),
             truncated=counts.get("truncated", 0),
             dropped=counts.get("dropped", 0),
+            rejected=dict(rejected or {}),
+            empty=counts.get("empty", 0),
         )
         return StatusView(
             version=VIEW_VERSION,
@@ -273,6 +276,7 @@ def _constructor_view(role: _Role, state: str) -> ConstructorView:
         cpu_seconds=round(stats.cpu_s, 3) if stats else 0.0,
         pss_bytes=stats.pss_bytes if stats else 0,
         ready_bytes=stats.ready_bytes if stats else 0,
+        rejected=stats.rejected if stats else {},
     )
 
 

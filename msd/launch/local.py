@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sys
@@ -25,13 +26,14 @@ from typing import Any
 import zmq
 
 from msd.checkpoint.format import Snapshot
+from msd.checkpoint.signing import signing_key
 from msd.checkpoint.store import CheckpointStore
 from msd.control.client import planner_socket
 from msd.control.history import write_history
 from msd.control.rescales import load_rescales
 from msd.control.shadows import fate_of_dead_loader, load_takeovers, shadows_used
-from msd.errors import MsdError
-from msd.jobdir import JobDir
+from msd.errors import LaunchError, MsdError
+from msd.jobdir import JobDir, full_message, is_full, nearly_full
 from msd.launch import procs
 from msd.plan.partition import loader_processes
 from msd.plan.schedule import MixChange
@@ -96,32 +98,46 @@ def prepare_job(
     job's key, the mix history to replay (``msd launch --mix-history``) and, for ``msd
     restore``, the checkpoint it continues from (its first snapshot)."""
     job = new_job_dir(recipe, run_root.resolve())
-    job.create()
-    create_keys(job.key_file)
-    (job.root / "recipe.yaml").write_text(recipe_text)
-    job.recipe_json.write_bytes(to_json(recipe))
-    if mix_history:
-        write_history(job.mix_history, recipe, mix_history)
-    if resume is not None:
-        CheckpointStore(job.checkpoints).write_snapshot(resume)
-    job.write_json(job.job_json, {"start_step": resume.step if resume is not None else 0})
+    try:
+        job.create()
+        keys = create_keys(job.key_file)
+        (job.root / "recipe.yaml").write_text(recipe_text)
+        job.recipe_json.write_bytes(to_json(recipe))
+        if mix_history:
+            write_history(job.mix_history, recipe, mix_history)
+        if resume is not None:
+            CheckpointStore(job.checkpoints, key=signing_key(keys)).write_snapshot(resume)
+        job.write_json(job.job_json, {"start_step": resume.step if resume is not None else 0})
+    except OSError as exc:
+        if not is_full(exc):
+            raise
+        raise LaunchError(full_message(job.root, exc.filename or "")) from None
     return job
 
 
 def write_job_state(job: JobDir, recipe: Recipe, cluster: str, state: str, **extra: Any) -> None:
-    """``job.json``: what ``msd stop`` and ``msd status`` read about a run."""
-    job.write_json(
-        job.job_json,
-        {
-            "name": recipe.name,
-            "fingerprint": stream_fingerprint(recipe),
-            "cluster": cluster,
-            "state": state,
-            "launcher_pid": os.getpid(),
-            "start_step": job.start_step(),
-            **extra,
-        },
-    )
+    """``job.json``: what ``msd stop`` and ``msd status`` read about a run. On a full disk it
+    is overwritten in place (a new file cannot be written); a ``LaunchError`` if even that
+    fails."""
+    data = {
+        "name": recipe.name,
+        "fingerprint": stream_fingerprint(recipe),
+        "cluster": cluster,
+        "state": state,
+        "launcher_pid": os.getpid(),
+        "launcher_host": socket.gethostname(),  # where launcher_pid can be checked
+        "start_step": job.start_step(),
+        **extra,
+    }
+    try:
+        job.write_json(job.job_json, data)
+    except OSError as exc:
+        if not is_full(exc):
+            raise
+        try:
+            job.write_json_in_place(job.job_json, data)
+        except OSError:
+            raise LaunchError(full_message(job.root, str(job.job_json))) from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -246,8 +262,16 @@ class LocalJob:
                 self.start()
         except KeyboardInterrupt:
             procs.stop_all(self.children)
-            self._write_job_json("failed")
+            self._write_job_json(final_state(INTERRUPTED))
             return Outcome(False, INTERRUPTED, None, self.job)
+        except (MsdError, OSError) as exc:
+            if isinstance(exc, OSError) and not is_full(exc):
+                raise
+            procs.stop_all(self.children)
+            message = full_message(self.job.root) if isinstance(exc, OSError) else str(exc)
+            with contextlib.suppress(MsdError):
+                self._write_job_json("failed")
+            return Outcome(False, message, None, self.job)
         if on_started is not None:
             on_started({c.label: str(c.popen.pid) for c in self.children})
         return self.watch(on_status)
@@ -269,11 +293,18 @@ class LocalJob:
             failure = INTERRUPTED
         except MsdError as exc:
             failure = str(exc)
+        except OSError as exc:  # the launcher's own writes (job.json, a restarted role's log)
+            if not is_full(exc):
+                raise
+            failure = full_message(self.job.root)
         finally:
             procs.stop_all(self.children)
             if self.sock is not None:
                 self.sock.close(linger=0)
-        self._write_job_json("done" if failure is None else "failed")
+        try:
+            self._write_job_json(final_state(failure))
+        except LaunchError as exc:
+            failure = failure or str(exc)
         return Outcome(failure is None, failure or "done", status, self.job)
 
     def _watch_loop(
@@ -407,6 +438,12 @@ class LocalJob:
         if planner.popen.poll() is None:
             status = final_status(sock, timeout_s=1.0) or status
         reason = f"; it reported: {status.failure}" if status and status.failure else ""
+        if not reason and child.role == "planner" and (error := logged_error(child.log)):
+            reason = f"; it reported: {error}"  # a dead Planner answers no status
+        if nearly_full(self.job.root):  # its log may be empty: nothing could be written
+            return f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}; " + (
+                full_message(self.job.root)
+            )
         return (
             f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}{reason}; "
             f"the job was stopped. Log: {child.log}"
@@ -417,6 +454,21 @@ class LocalJob:
         for child in self.children:
             with contextlib.suppress(Exception):
                 child.popen.wait(max(0.0, deadline - time.monotonic()))
+
+
+_LOGGED_ERROR = re.compile(r"^msd\.errors\.\w+: (?P<message>.+)$")
+
+
+def logged_error(log: Path, tail_bytes: int = 64 * 1024) -> str:
+    """The last user error (an ``MsdError``'s sentence) a role's log ends with, or ""."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = [m["message"] for line in lines if (m := _LOGGED_ERROR.match(line))]
+    return found[-1] if found else ""
 
 
 def receive_status(sock: zmq.Socket[Any], timeout_s: float) -> Status | None:
@@ -438,6 +490,12 @@ def final_status(sock: zmq.Socket[Any], timeout_s: float = 2.0) -> Status | None
     return None
 
 
+def final_state(failure: str | None) -> str:
+    """``job.json``'s state once the launcher is done: ``done``, ``stopped`` (``msd stop``,
+    Ctrl-C) or ``failed``."""
+    return "done" if failure is None else "stopped" if failure == INTERRUPTED else "failed"
+
+
 def summary(status: Status) -> dict[str, Any]:
     """The run's figures as plain data (the CLI renders them; ``--json`` prints them)."""
     total = max(1, sum(status.source_samples))
@@ -451,6 +509,11 @@ def summary(status: Status) -> dict[str, Any]:
         "split_samples": status.split,
         "truncated_samples": status.truncated,
         "dropped_samples": status.dropped,
+        "empty_samples": status.empty,
+        "truncated_tokens": sum(status.truncated_tokens),
+        "truncated_tokens_by_source": {
+            n: t for n, t in zip(status.source_names, status.truncated_tokens, strict=True) if t
+        },
         "constructor_step_bytes": status.constructor_step_bytes,
         "lifecycle": dict(status.lifecycle),
         "sources": {

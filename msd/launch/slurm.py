@@ -28,6 +28,7 @@ from msd.launch import incarnations
 from msd.launch.local import (
     INTERRUPTED,
     Outcome,
+    final_state,
     final_status,
     free_port,
     prepare_job,
@@ -221,7 +222,7 @@ class SlurmJob:
             if self.sock is not None:
                 self.sock.close(linger=200)
             self.cancel()
-        self._write_job_json("done" if failure is None else "failed")
+        self._write_job_json(final_state(failure))
         return Outcome(failure is None, failure or "done", status, self.job)
 
     def _planner(self) -> zmq.Socket[Any]:

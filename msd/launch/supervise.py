@@ -18,6 +18,9 @@ so each runs under a supervisor in its job, and the supervisors agree through th
   once the job runs again, it starts the next incarnation;
 - its role exits by itself (the run ended, a loader retired): it returns the role's code. A
   role's error (a non-zero exit) is not retried: the job fails and the launcher names it.
+
+A role other than the Planner is started only once the Planner of its incarnation has
+published its endpoint, however long that takes (``_await_planner``).
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ class Supervisor:
 
     def _run_role(self) -> int | None:
         """Run the role until it exits (its code) or a new incarnation starts (None)."""
+        if self.role != "planner" and not self._await_planner():
+            return 0  # stopped while waiting
         child = self._start()
         while (code := child.popen.poll()) is None:
             if self.stopping:
@@ -104,6 +109,19 @@ class Supervisor:
             time.sleep(POLL_S)
         self.child = None
         return None if self._restarted() else code
+
+    def _await_planner(self) -> bool:
+        """Wait, as long as it takes, until the Planner of this incarnation (or a later one) has
+        published its endpoint; False if stopped meanwhile. A requeued Planner job may pend
+        for minutes (its BeginTime, a busy partition) while the other jobs run on: a role
+        started before it would give up after its own bounded wait and fail the run."""
+        while not self.stopping:
+            published = self.job.read_endpoint("planner")
+            if published is not None and published.incarnation >= self.incarnation:
+                return True
+            self._restarted()  # a newer incarnation began: wait for its Planner instead
+            time.sleep(POLL_S)
+        return False
 
     def _restarted(self) -> bool:
         now = incarnations.current(self.job)

@@ -65,6 +65,12 @@ class StreamSpec:
         """Drawn samples that did not fit before a step is closed (they open the next one)."""
         return max(1, min(self.global_rows, 8))
 
+    @property
+    def empty_limit(self) -> int:
+        """Samples holding no tokens (null or empty text) a step takes at most; then it closes.
+        They fit any row, so a stream of nothing else would never close a step."""
+        return max(1024, 16 * self.global_rows)
+
 
 @dataclass(frozen=True)
 class PlannerState:
@@ -99,9 +105,15 @@ class Slot(NamedTuple):
 
 @dataclass(frozen=True)
 class Counts:
+    """What the long-sample policy did in a step; ``truncated_tokens``: (source, tokens cut off
+    samples of it), sorted, sources with none left out; ``empty``: samples that hold no tokens
+    (placed: they take a position of the stream and no room)."""
+
     split: int = 0
     truncated: int = 0
     dropped: int = 0
+    truncated_tokens: tuple[tuple[int, int], ...] = ()
+    empty: int = 0
 
 
 PIECE_COLUMNS = ("source", "gpos", "length", "offset", "padded")
@@ -170,7 +182,8 @@ def pieces(spec: StreamSpec, source: int, gpos: int, length: int) -> tuple[list[
     """A sample as the pieces it is planned as: whole, split, truncated, or none (dropped)."""
     cut, split, truncated = _cut(length, spec.seq_len, spec.long_samples, spec.global_rows)
     m = spec.pad_multiple
-    counts = Counts(split, truncated, int(not cut))
+    lost = ((source, length - sum(n for n, _ in cut)),) if truncated else ()
+    counts = Counts(split, truncated, int(not cut), lost)
     return [Slot(source, gpos, n, offset, -(-n // m) * m) for n, offset in cut], counts
 
 
@@ -207,10 +220,19 @@ class _Selection:
         self.misfits: list[tuple[int, int]] = []
         self.dropped: list[tuple[int, int]] = []
         self.split = self.truncated = 0
+        self.truncated_tokens: dict[int, int] = {}
+        self.empty = 0  # samples offered that hold no tokens
 
     @property
     def closed(self) -> bool:
-        return len(self.misfits) >= self.spec.carry_limit
+        return len(self.misfits) >= self.spec.carry_limit or self.empty >= self.spec.empty_limit
+
+    def within_empty_limit(self, lengths: Sequence[int | None]) -> int:
+        """How many of these (known) lengths to offer: up to the empty sample that reaches
+        ``empty_limit``, so the step closes at the same sample however draws are chunked."""
+        zeros = np.flatnonzero(np.array(lengths, dtype=np.int64) == 0)
+        room = self.spec.empty_limit - self.empty
+        return len(lengths) if len(zeros) < room else int(zeros[room - 1]) + 1
 
     def next_chunk(self) -> int:
         """How many draws to look up at once: about as many as the rows still hold."""
@@ -237,8 +259,12 @@ class _Selection:
         placed = {j: cuts[j][0] for j in long if j < offered and j not in missed}
         for j, cut in placed.items():
             self.split, self.truncated = self.split + cuts[j][1], self.truncated + cuts[j][2]
+            if cuts[j][2]:
+                source, lost = int(sources[j]), int(lens[j]) - sum(n for n, _ in cut)
+                self.truncated_tokens[source] = self.truncated_tokens.get(source, 0) + lost
             if not cut:
                 self.dropped.append((int(sources[j]), int(gpos[j])))
+        self.empty += int(np.count_nonzero(lens[:offered] == 0))
         columns = (sources, gpos, lens, 0 * lens, padded)
         self.blocks.append(_expand([c[:offered] for c in columns], missed, placed, m))
         return offered
@@ -321,7 +347,8 @@ def _select(
         gpos = _positions(sources, cursors)
         lengths = list(map(lookup, sources.tolist(), gpos.tolist()))
         known = lengths.index(None) if None in lengths else len(lengths)
-        offered = sel.offer(sources, gpos, lengths[:known], spec.carry_limit - len(sel.misfits))
+        head = sel.within_empty_limit(lengths[:known])
+        offered = sel.offer(sources, gpos, lengths[:head], spec.carry_limit - len(sel.misfits))
         if offered == known < len(lengths) and not sel.closed:
             unknown = [j for j in range(known, len(lengths)) if lengths[j] is None]
             soon = tuple(zip(sources[unknown].tolist(), gpos[unknown].tolist(), strict=True))
@@ -345,7 +372,8 @@ def plan_step(
     columns = sel.columns()
     if not len(columns[0]):
         return EndOfStream(state.step)
-    counts = Counts(sel.split, sel.truncated, len(sel.dropped))
+    lost = tuple(sorted(sel.truncated_tokens.items()))
+    counts = Counts(sel.split, sel.truncated, len(sel.dropped), lost, sel.empty)
     placed = _in_rows(spec, columns, _split_over_ranks(spec, columns[4]))
     plan = StepPlan(state.step, placed, spec.rows_per_rank, counts, tuple(sel.dropped))
     return plan, PlannerState(state.step + 1, tuple(cursors), tuple(sel.misfits))

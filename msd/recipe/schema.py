@@ -102,7 +102,8 @@ class Balance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     """How a global batch is split over DP ranks and micro-batches.
 
     long_samples: a sample longer than ``seq_len`` is ``split`` into pieces (each its own
-    sequence), ``truncate``d, or ``drop``ped; the count is reported either way.
+    sequence; at most one step's rows of them, the rest is cut off), ``truncate``d, or
+    ``drop``ped; the counts and the tokens cut off are reported, and warned about before a run.
     """
 
     method: Literal["greedy", "karmarkar_karp", "none"] = "greedy"

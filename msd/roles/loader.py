@@ -84,6 +84,12 @@ def chunk_end(sizes: np.ndarray, start: int, budget: int) -> int:
     return start + max(1, fits)
 
 
+def _held_cost(tokens: np.ndarray) -> int:
+    """What a held sample counts against the read-ahead: its tokens, and at least 1, so that
+    samples holding none (null or empty text) still fill it and reading stops."""
+    return max(1, len(tokens))
+
+
 def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
     """Unrouted tokens one of ``loaders`` shards of ``source`` may hold: the read-ahead shared
     out by the source's largest share of the mix, over its shards; at least one row."""
@@ -124,7 +130,8 @@ class _Visit:
     ) -> _Visit:
         """The visit of ``rows`` (block-local, in visiting order) of a block's ``column``, as
         just read by ``read``."""
-        sizes = cell_sizes(column)[rows]
+        # An empty cell costs its row: a column of null cells is read in bounded chunks too.
+        sizes = np.maximum(cell_sizes(column)[rows], 1)
         bounds = [0]
         while bounds[-1] < len(rows):
             bounds.append(chunk_end(sizes, bounds[-1], WINDOW_BYTES))
@@ -315,7 +322,7 @@ class SourceShard:
             self.visit = None
         for offset, t in enumerate(tokens):
             self.held[gpos_start + offset] = t
-            self.held_tokens += len(t)
+            self.held_tokens += _held_cost(t)
             self.tokens_read += len(t)
         self.samples_read += len(tokens)
         return Meta(
@@ -336,7 +343,7 @@ class SourceShard:
         )
 
     def forget(self, gpos: int) -> None:
-        self.held_tokens -= len(self.held.pop(gpos))
+        self.held_tokens -= _held_cost(self.held.pop(gpos))
 
     def _open_visit(self) -> _Visit | None:
         """Read (not yet tokenize) the column of this shard's next block."""
@@ -443,9 +450,10 @@ class Loader:
 
     def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
         if isinstance(msg, Welcome):
-            ctx = transport.context()
+            ctx, keys = transport.context(), self.job.keys()
             self.constructors = [
-                transport.connect(ctx, zmq.PUSH, c.payload_endpoint) for c in msg.constructors
+                transport.connect(ctx, zmq.PUSH, c.payload_endpoint, keys=keys)
+                for c in msg.constructors
             ]
         elif isinstance(msg, Route):
             self._route(msg)

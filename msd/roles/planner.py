@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -17,15 +18,16 @@ from typing import Any
 import numpy as np
 import zmq
 
-from msd.checkpoint.format import Delta, Snapshot, Totals
+from msd.checkpoint.format import Counters, Delta, Snapshot, Totals
 from msd.checkpoint.resume import needed
+from msd.checkpoint.signing import signing_key
 from msd.checkpoint.store import CheckpointStore
 from msd.control.history import change_json, load_history, make_change, write_history
 from msd.control.metrics import Histogram, MetricsServer
 from msd.control.rescales import load_rescales, write_rescales
 from msd.control.shadows import Takeover, load_takeovers, write_takeovers
 from msd.control.view import JobObserver, metrics_line
-from msd.errors import CheckpointError, MsdError, ProtocolError
+from msd.errors import CheckpointError, MsdError, ProtocolError, SourceError
 from msd.jobdir import JobDir
 from msd.plan import autoscale
 from msd.plan.cost import CostModel
@@ -35,6 +37,7 @@ from msd.plan.schedule import MixChange, schedule_of
 from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
 from msd.plan.topology import Topology
 from msd.recipe.schema import Recipe, pad_multiple, stream_fingerprint, to_json
+from msd.roles.admission import refusal
 from msd.sources.index import open_source
 from msd.wire import transport
 from msd.wire.protocol import (
@@ -71,9 +74,15 @@ from msd.wire.protocol import (
     Want,
     Welcome,
 )
+from msd.wire.rejects import Rejects
 
+log = logging.getLogger(__name__)
 TICK_S = 1.0  # how often the Planner refreshes its view (status, metrics)
 REWIND_EXIT = 75  # the Planner's exit code when the data plane must restart at an earlier step
+
+FAILURE_PREFIX = b"failure/"  # msd.roles.__main__: the identity a role reports its crash with
+# Metadata only: a row group's sample lengths are a few MB at most.
+MAX_MESSAGE_BYTES = 256 << 20
 
 
 def stream_spec(
@@ -116,7 +125,9 @@ class Planner:
         )
         self.changes = load_history(job.mix_history, recipe)
         self.spec = stream_spec(recipe, num_rows, self.changes)
-        self.store = CheckpointStore(job.checkpoints, recipe.checkpoint.keep)
+        self.store = CheckpointStore(
+            job.checkpoints, recipe.checkpoint.keep, signing_key(job.keys())
+        )
         resumed = self.store.find() if self.store.snapshots() else None
         self.state = (
             resumed.snapshot.state if resumed else PlannerState.initial(len(recipe.sources))
@@ -127,7 +138,7 @@ class Planner:
         keys = job.keys()
         ctx = transport.context()
         self.auth = transport.admit_only(ctx, keys)  # only holders of the job's key get in
-        self.sock, endpoint = transport.bind(ctx, zmq.ROUTER, keys)
+        self.sock, endpoint = transport.bind(ctx, zmq.ROUTER, keys, MAX_MESSAGE_BYTES)
         self.rescales = list(load_rescales(job.rescales, recipe))
         self.takeovers = list(load_takeovers(job.shadows, recipe))
         self.expected_loaders = {
@@ -173,6 +184,11 @@ class Planner:
             self.source_samples += np.array(totals.source_samples, dtype=np.int64)
             self.source_tokens += np.array(totals.source_tokens, dtype=np.int64)
         self.step_source_tokens: dict[int, np.ndarray] = {}
+        # The long-sample counters of the steps consumed (checkpointed), and of each step
+        # planned but not consumed yet (counted once consumed: a restart plans them again).
+        self.counters = resumed.snapshot.counters if resumed else Counters()
+        self.step_counters: dict[int, Counters] = {}
+        self.warned_truncated: set[int] = set()  # sources whose truncation was logged
         self.counted = self.state.step
         self.observer = JobObserver(tuple(s.name for s in recipe.sources))
         self.next_tick = 0.0
@@ -183,7 +199,6 @@ class Planner:
             host, advertised = transport.bind_host()
             self.metrics = MetricsServer(host, recipe.metrics.port, advertised)
             job.publish("metrics", self.metrics.endpoint)
-        self.counts = {"split": 0, "truncated": 0, "dropped": 0}
         self.num_steps: int | None = None
         self.wanted: dict[int, int] = {}
         self.blocked: tuple[int, int] | None = None  # the (source, gpos) planning waits for
@@ -192,6 +207,8 @@ class Planner:
         self.graph = SampleGraph(window=max(64, 4 * recipe.constructor.prefetch_steps))
         self.started = time.monotonic()
         self.failure = ""
+        self.rejects = Rejects("planner")
+        self.peer_roles: dict[bytes, str] = {}  # a registered peer's role
         self.running = False
         self.rewind_to: int | None = None
         if resumed is not None:
@@ -214,8 +231,11 @@ class Planner:
                 return
             if self.running:
                 self._plan_ahead()
-                if self.logged < self.consumed and self._log_consumed():
-                    self.snapshot(wait=False)
+                if self.logged < self.consumed:
+                    due = self._log_consumed()
+                    self._count_consumed()  # the snapshot's totals are those of its step
+                    if due:
+                        self.snapshot(wait=False)
             if time.monotonic() >= self.next_tick:
                 self._tick()
             if self.autoscale is not None and self.running and time.monotonic() >= self.next_scale:
@@ -225,10 +245,15 @@ class Planner:
     def _drain(self) -> bool:
         """Handle every queued message; False once the job is told to stop."""
         while self.sock.poll(0):
-            identity, msg, _ = transport.recv(self.sock)
+            received = transport.recv_or_drop(self.sock, self.rejects)
+            if received is None:
+                continue
+            identity, msg, _ = received
             assert identity is not None  # a ROUTER socket always names the sender
             if isinstance(msg, Stop):
                 self._broadcast(msg)
+                if self.running:
+                    self._metrics_line()  # the last step reached, for `msd ls`
                 return False
             self._handle(identity, msg)
         return True
@@ -236,6 +261,14 @@ class Planner:
     def _handle(self, identity: bytes, msg: Any) -> None:
         if identity in self.lost:
             return  # a loader taken for lost (hung) that woke up: a shadow has its place
+        sender = self.peer_roles.get(identity)
+        if sender is None and isinstance(msg, Failure) and identity.startswith(FAILURE_PREFIX):
+            # a role reports its crash on a socket of its own: ``failure/`` + its identity
+            sender = self.peer_roles.get(identity[len(FAILURE_PREFIX) :])
+        why = refusal(msg, sender, len(self.recipe.sources), self.topology.world_size)
+        if why is not None:
+            self.rejects.count("unexpected" if sender is None else "invalid", why)
+            return
         self.last_seen[identity] = time.monotonic()
         if isinstance(msg, Meta):
             self._on_meta(identity, msg)
@@ -276,6 +309,7 @@ class Planner:
                 f"the planner {PROTOCOL_VERSION}"
             )
         self.observer.on_hello(identity.hex(), msg)
+        self.peer_roles[identity] = msg.role
         if msg.role == "loader" and msg.standby >= 0:
             self.standby.setdefault(msg.standby, []).append(Peer(identity, msg))
         elif msg.role == "loader":
@@ -394,7 +428,9 @@ class Planner:
             step = self.logged + 1
             before = self.states.pop(self.logged)
             tokens = self.step_tokens.get(self.logged, 0)
-            self.store.append(Delta.between(before, self.states[step], tokens))
+            counters = self.step_counters.get(self.logged)
+            sources = self._step_sources(self.logged)
+            self.store.append(Delta.between(before, self.states[step], tokens, sources, counters))
             self.logged = step
             due = due or (every > 0 and step % every == 0)
         return due
@@ -415,6 +451,7 @@ class Planner:
                 tuple(int(x) for x in self.source_tokens),
             ),
             created=time.time(),
+            counters=self.counters,
         )
         path = self.store.write_snapshot(snap, wait=wait)
         size = path.stat().st_size if wait else 0
@@ -503,7 +540,16 @@ class Planner:
             self.tokens_consumed += self.step_tokens.pop(self.counted)
             self.source_samples += self.step_sources.pop(self.counted)
             self.source_tokens += self.step_source_tokens.pop(self.counted)
+            self.counters += self.step_counters.pop(self.counted, Counters())
             self.counted += 1
+
+    def _step_sources(self, step: int) -> tuple[tuple[int, int, int], ...]:
+        """(source, samples, tokens) a planned step delivers, sources with none left out."""
+        samples, tokens = self.step_sources.get(step), self.step_source_tokens.get(step)
+        if samples is None or tokens is None:
+            return ()
+        pairs = zip(samples.tolist(), tokens.tolist(), strict=True)
+        return tuple((s, n, t) for s, (n, t) in enumerate(pairs) if n or t)
 
     # -- planning -----------------------------------------------------------------------------
     def _lookup(self, source: int, gpos: int) -> int | None:
@@ -530,11 +576,22 @@ class Planner:
                     transport.send(self.sock, End(num_steps=result.step), to=c.identity)
                 return
             plan, self.state = result
+            if not plan.pieces.columns[2].any():
+                raise SourceError(self._no_tokens(plan))
             self.states[self.state.step] = self.state
             self._dispatch(plan)
             seconds = time.perf_counter() - started
             self.observer.on_plan(seconds, self._rank_costs(plan))
             self.plan_hist.observe(seconds)
+
+    def _no_tokens(self, plan: StepPlan) -> str:
+        """Why a step that holds nothing but empty samples stops the job (it would be padding)."""
+        drawn = sorted({self.recipe.sources[s].name for s in plan.pieces.columns[0].tolist()})
+        return (
+            f"step {plan.step} holds no tokens: all {plan.counts.empty} samples drawn for it from "
+            f"{', '.join(drawn)} are empty (null or empty text, or 0 tokens after the transform); "
+            "check those sources' text_column and transform"
+        )
 
     def _want(self, need: NeedData) -> None:
         """Tell the loaders of every source planning waits for (or soon will) which position it
@@ -600,8 +657,26 @@ class Planner:
         self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
         self.step_sources[plan.step] = counts
         self.step_source_tokens[plan.step] = tokens
-        for kind in self.counts:
-            self.counts[kind] += getattr(plan.counts, kind)
+        done = plan.counts
+        self._warn_truncated(done.truncated_tokens)
+        self.step_counters[plan.step] = Counters(
+            done.split, done.truncated, done.dropped, done.truncated_tokens, done.empty
+        )
+
+    def _warn_truncated(self, truncated_tokens: tuple[tuple[int, int], ...]) -> None:
+        """Once per source: its samples lose tokens to ``long_samples`` (the summary counts)."""
+        for source, tokens in truncated_tokens:
+            if source not in self.warned_truncated:
+                self.warned_truncated.add(source)
+                log.warning(
+                    "source %s: a sample lost %d tokens to long_samples: %s (seq_len %d, "
+                    "%d rows a step); the run summary counts every one (truncated_tokens)",
+                    self.recipe.sources[source].name,
+                    tokens,
+                    self.recipe.balance.long_samples,
+                    self.recipe.seq_len,
+                    self.spec.global_rows,
+                )
 
     # -- status and shutdown ------------------------------------------------------------------
     def _broadcast(self, msg: Stop) -> None:
@@ -740,7 +815,10 @@ class Planner:
     def _on_cut_at(self, identity: bytes, msg: CutAt) -> None:
         """When every current shard has said where it stands, the new generation starts after
         the furthest: each visit is read by exactly one shard."""
-        replies = self.cut_at[msg.source]
+        replies = self.cut_at.get(msg.source)
+        if replies is None or identity not in replies:
+            self.rejects.count("invalid", f"a cut position for source {msg.source}, not asked")
+            return
         replies[identity] = msg.visit
         if any(v is None for v in replies.values()):
             return
@@ -773,9 +851,12 @@ class Planner:
             self.metrics.update(view, self.wait_hist.snapshot(), self.plan_hist.snapshot())
         if now >= self.next_line and self.running:
             self.next_line = now + self.recipe.metrics.every_s
-            line = metrics_line(view, time.time())
-            with open(self.job.metrics, "a") as f:
-                f.write(json.dumps(line) + "\n")
+            self._metrics_line(view)
+
+    def _metrics_line(self, view: StatusView | None = None) -> None:
+        line = metrics_line(view or self.view(), time.time())
+        with open(self.job.metrics, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def close(self) -> None:
         self.store.close()
@@ -803,10 +884,15 @@ class Planner:
             failure=self.failure,
             weights=self.spec.schedule.weights_at(step),
             lifecycle=self.graph.counts(reported=sum(len(k) for k in self.known.values())),
-            counts=self.counts,
+            counts=self._counts(),
             planner_pid=os.getpid(),
             now=now,
+            rejected=self.rejects.snapshot(),
         )
+
+    def _counts(self) -> dict[str, int]:
+        c = self.counters
+        return {"split": c.split, "truncated": c.truncated, "dropped": c.dropped, "empty": c.empty}
 
     def status(self) -> Status:
         view = self.view()
@@ -826,9 +912,11 @@ class Planner:
             source_samples=tuple(int(x) for x in self.source_samples),
             wait_p50_ms=view.wait_p50_ms,
             wait_p99_ms=view.wait_p99_ms,
-            truncated=self.counts["truncated"],
-            split=self.counts["split"],
-            dropped=self.counts["dropped"],
+            truncated=self.counters.truncated,
+            split=self.counters.split,
+            dropped=self.counters.dropped,
+            truncated_tokens=self.counters.per_source(len(self.recipe.sources)),
+            empty=self.counters.empty,
             constructor_step_bytes=sum(self.step_bytes.values()),
             lifecycle=view.planner.lifecycle,
             roles=(("planner", "planner", os.getpid()), *roles),

@@ -133,7 +133,7 @@ def test_ctrl_c_stops_every_process_and_says_so(small_data, tmp_path):
     assert left == [], _describe(left)
     assert alive == [], _describe(alive)
     job_json = json.loads(next(tmp_path.glob("runs/*/job.json")).read_text())
-    assert job_json["state"] == "failed"
+    assert job_json["state"] == "stopped"
 
 
 def test_killing_the_launcher_takes_every_child_with_it(small_data, tmp_path):

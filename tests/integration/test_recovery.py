@@ -19,7 +19,14 @@ import pytest
 import yaml
 
 import msd
-from tests.conftest import base_recipe, processes_of_launcher, read_rank_logs, start_launch
+from tests.conftest import (
+    LaunchFailed,
+    assert_launch_ok,
+    base_recipe,
+    processes_of_launcher,
+    read_rank_logs,
+    start_launch,
+)
 
 STEPS = 100
 
@@ -37,16 +44,37 @@ def digests(job: Path) -> dict[tuple[int, int], str]:
     return {(rank, r["step"]): r["digest"] for rank, rs in read_rank_logs(job).items() for r in rs}
 
 
+# The run summary's per-run counts: a recovered run's must equal the run's without failure.
+COUNTS = (
+    "steps",
+    "tokens",
+    "split_samples",
+    "truncated_samples",
+    "dropped_samples",
+    "truncated_tokens",
+    "sources",
+)
+
+
+def counts(out: str) -> dict[str, Any]:
+    """The counts of ``msd launch --json``'s summary."""
+    summary = json.loads(out[out.index("{") :])
+    return {key: summary[key] for key in COUNTS}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, small_data: Path) -> dict:
+    """Every rank's digests of the run without failure, and its summary's counts (``counts``)."""
     root = tmp_path_factory.mktemp("reference")
     (root / "r.yaml").write_text(yaml.safe_dump(recipe(small_data), sort_keys=False))
-    proc = start_launch(root, "r.yaml")
+    proc = start_launch(root, "r.yaml", "--json")
     out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, out + err
+    assert_launch_ok(proc, out, err)
     (job,) = (root / "runs").iterdir()
-    found = digests(job)
+    found: dict[Any, Any] = digests(job)
     assert len(found) == 4 * STEPS
+    found["counts"] = counts(out)
+    assert found["counts"]["split_samples"] > 0  # the recipe has long samples to count
     return found
 
 
@@ -75,7 +103,7 @@ def wait_for_step(job_glob: Path, step: int, proc: subprocess.Popen[str]) -> Pat
             if len(log.read_text().splitlines()) > step:
                 return log.parents[1]
         time.sleep(0.02)
-    raise AssertionError(f"step {step} was not reached (launcher exit {proc.poll()})")
+    raise LaunchFailed(f"step {step} was not reached", proc)
 
 
 @pytest.mark.parametrize(
@@ -87,6 +115,7 @@ def wait_for_step(job_glob: Path, step: int, proc: subprocess.Popen[str]) -> Pat
         (("trainer",), (40, 80)),
         (("loader", "planner"), (55,)),
     ],
+    ids=["loader", "planner", "constructor", "trainer", "loader+planner"],
 )
 def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
     tmp_path: Path,
@@ -95,9 +124,10 @@ def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
     victims: tuple[str, ...],
     at_steps: tuple[int, ...],
 ) -> None:
-    """Each role killed at two points of one run (or a loader and the Planner together)."""
+    """Each role killed at two points of one run (or a loader and the Planner together); the
+    run summary's counts are those of the run without failure (nothing counted twice)."""
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe(small_data), sort_keys=False))
-    proc = start_launch(tmp_path, "r.yaml")
+    proc = start_launch(tmp_path, "r.yaml", "--json")
     try:
         for at_step in at_steps:
             job = wait_for_step(tmp_path, at_step, proc)
@@ -109,7 +139,7 @@ def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out + err
+    assert_launch_ok(proc, out, err)
     # One restart per kill (a loader and the Planner killed together are restarted together);
     # after a trainer's, ranks a step apart may go back to the step they all finished (a
     # rewind).
@@ -118,7 +148,8 @@ def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
     assert len(killed) == len(at_steps), recoveries
     assert all(r["role"] in victims and r["cause"] == "was killed by SIGKILL" for r in killed)
     assert len(recoveries) - len(killed) <= len(at_steps), recoveries
-    assert digests(job) == reference
+    assert digests(job) == {k: v for k, v in reference.items() if k != "counts"}
+    assert counts(out) == reference["counts"]
     assert processes_of_launcher(proc.pid) == []
 
 
@@ -156,7 +187,7 @@ def test_a_trainer_going_back_to_its_own_earlier_checkpoint_gets_the_same_batche
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out + err
+    assert_launch_ok(proc, out, err)
     state = json.loads((job / "job.json").read_text())
     assert [r["cause"] for r in state["recoveries"]] == ["rewind"]
 
@@ -228,8 +259,8 @@ def test_a_shadow_takes_a_lost_loaders_place_and_the_stream_is_unchanged(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out + err
-    assert digests(job) == reference
+    assert_launch_ok(proc, out, err)
+    assert digests(job) == {k: v for k, v in reference.items() if k != "counts"}
     recoveries = json.loads((job / "job.json").read_text())["recoveries"]
     if sig == signal.SIGKILL:  # the launcher saw it die: handed to a shadow, nothing restarted
         assert [r["how"] for r in recoveries] == ["shadow"] * len(at_steps), recoveries

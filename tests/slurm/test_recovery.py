@@ -17,7 +17,13 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import base_recipe, read_rank_logs, start_launch
+from tests.conftest import (
+    LaunchFailed,
+    assert_launch_ok,
+    base_recipe,
+    read_rank_logs,
+    start_launch,
+)
 
 STEPS = 200
 
@@ -53,7 +59,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_data: Path) -> dic
     (root / "r.yaml").write_text(yaml.safe_dump(recipe(small_data, "local")))
     proc = start_launch(root, "r.yaml")
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out + err
+    assert_launch_ok(proc, out, err)
     (job,) = (root / "runs").iterdir()
     found = digests(job)
     assert len(found) == 4 * STEPS
@@ -99,18 +105,27 @@ def wait_for_step(cwd: Path, step: int, launcher: subprocess.Popen[str]) -> Path
             if len(log.read_text().splitlines()) > step:
                 return log.parents[1]
         time.sleep(0.1)
-    raise AssertionError(f"step {step} was not reached (launcher exit {launcher.poll()})")
+    raise LaunchFailed(f"step {step} was not reached", launcher)
+
+
+# How long after the requeue the job is let start again. Not at once: slurmd refuses to start a
+# job whose new credential is dated the same second (whole seconds) as the revocation of its
+# previous run's ("error: Job N already killed, do not launch batch job"; slurmctld: "Killing
+# non-startable batch JobId=N: Job credential revoked"), and the job ends FAILED, which stops
+# the run. SLURM's own BeginTime (~2 minutes) never meets it.
+RELEASE_AFTER_S = 2.0
 
 
 def release_when_requeued(job_id: str) -> None:
     """SLURM makes a requeued job wait ~2 minutes before it may start again (its BeginTime);
-    as the cluster's admin, let it start now."""
+    as the cluster's admin, let it start ``RELEASE_AFTER_S`` after the requeue."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         shown = subprocess.run(
             ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True
         ).stdout
-        if "Restarts=1" in shown and "JobState=PENDING" in shown:
+        if "Restarts=1 " in shown and "JobState=PENDING" in shown:
+            time.sleep(RELEASE_AFTER_S)
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
             return
         time.sleep(0.2)
@@ -126,19 +141,23 @@ def run_with_faults(cwd: Path, data: Path, faults: list[tuple[int, Any]]) -> Pat
     once the launcher has finished the run."""
     (cwd / "slurm.yaml").write_text(yaml.safe_dump(recipe(data, "slurm")))
     launcher = start_launch(cwd, "slurm.yaml")
-    job: Path | None = None
     try:
         for step, fault in faults:
-            job = wait_for_step(cwd, step, launcher)
-            fault(job)
+            fault(wait_for_step(cwd, step, launcher))
         out, err = launcher.communicate(timeout=300)
+    except LaunchFailed:
+        raise
+    except (AssertionError, subprocess.SubprocessError) as exc:  # a fault failed, or a timeout
+        raise LaunchFailed(f"the run failed: {exc}", launcher) from None
     finally:
         if launcher.poll() is None:
             launcher.kill()
-            if job is not None:  # the launcher cannot cancel its jobs now
-                ids = json.loads((job / "job.json").read_text())["slurm_jobs"].values()
+        for job_json in cwd.glob("runs/*/job.json"):  # a killed launcher cannot cancel its jobs
+            if launcher.returncode != 0:
+                ids = json.loads(job_json.read_text()).get("slurm_jobs", {}).values()
                 subprocess.run(["scancel", *map(str, ids)], check=False)
-    assert launcher.returncode == 0, out + err
+    assert_launch_ok(launcher, out, err)
+    job = next(iter(cwd.glob("runs/*/job.json"))).parent
     assert job is not None
     return job
 

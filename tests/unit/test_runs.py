@@ -6,8 +6,18 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import msd.control.runs as runs_module
 from cli.ls import ls
-from msd.control.runs import DEAD, UNREADABLE, human_age, job_state, last_step, list_runs
+from msd.control.runs import (
+    LOST,
+    UNREADABLE,
+    human_age,
+    job_state,
+    last_step,
+    launcher_alive,
+    list_runs,
+    pid_alive,
+)
 from msd.errors import LaunchError
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc).timestamp()
@@ -40,7 +50,9 @@ def info(cluster, state, pid):
 
 
 @pytest.fixture
-def runs(tmp_path):
+def runs(tmp_path, monkeypatch):
+    # This test process stands for a live launcher, though it started after the stamps here.
+    monkeypatch.setattr(runs_module, "launcher_alive", lambda pid, started: pid_alive(pid))
     job(tmp_path, "live-20240501-115955", info("local", "running", os.getpid()), steps=(1, 2, 3))
     job(tmp_path, "gone-20240501-110000", info("local", "running", no_such_pid()))
     job(tmp_path, "gone-20240501-110000-2", info("local", "done", no_such_pid()), steps=(9,))
@@ -64,9 +76,9 @@ def test_list_runs_newest_first_with_state_age_and_step(runs):
     by_name = {r.name: r for r in listed}
     live, dead = by_name["live-20240501-115955"], by_name["gone-20240501-110000"]
     assert (live.state, live.cluster, live.step, live.age_s) == ("running", "local", 3, 5.0)
-    assert (dead.state, dead.step, dead.age_s) == (DEAD, None, 3600.0)
+    assert (dead.state, dead.step, dead.age_s) == (LOST, None, 3600.0)
     assert by_name["gone-20240501-110000-2"].state == "done"  # a finished job is not dead
-    assert by_name["big-20240430-120000"].state == "running"  # SLURM: no local pid to check
+    assert by_name["big-20240430-120000"].state == LOST  # SLURM: its launcher is gone too
     assert by_name["big-20240430-120000"].age_s == 86400.0
     broken = by_name["broken-20240501-100000"]
     assert (broken.state, broken.cluster) == (UNREADABLE, "-")
@@ -87,15 +99,51 @@ def test_a_missing_run_folder_is_a_user_error(tmp_path):
 @pytest.mark.parametrize(
     ("state", "cluster", "alive", "shown"),
     [
-        ("running", "local", False, DEAD),
-        ("starting", "local", False, DEAD),
+        ("running", "local", False, LOST),
+        ("starting", "local", False, LOST),
         ("running", "local", True, "running"),
         ("failed", "local", False, "failed"),
-        ("running", "slurm", False, "running"),
+        ("stopped", "local", False, "stopped"),
+        ("running", "slurm", False, LOST),
+        ("running", "slurm", True, "running"),
     ],
 )
 def test_job_state(state, cluster, alive, shown):
     assert job_state(info(cluster, state, 123), lambda pid: alive) == shown
+
+
+def test_a_slurm_job_whose_launcher_is_gone_is_lost_once_none_of_its_jobs_is_queued():
+    doc = {**info("slurm", "running", 123), "slurm_jobs": {"planner planner": "7"}}
+    assert job_state(doc, lambda pid: False, lambda ids: ids == ["7"]) == "running"
+    assert job_state(doc, lambda pid: False, lambda ids: False) == LOST
+    assert job_state(doc, lambda pid: False, lambda ids: None) == LOST  # no squeue here
+
+
+def test_a_process_that_started_after_the_job_is_not_its_launcher():
+    import time
+
+    assert launcher_alive(os.getpid(), time.time())
+    assert not launcher_alive(os.getpid(), time.time() - 3 * 86400)  # the pid was reused
+    assert not launcher_alive(no_such_pid(), None)
+
+
+def test_a_launcher_on_another_machine_is_not_checked_here():
+    doc = {**info("local", "running", 123), "launcher_host": "elsewhere.invalid"}
+    assert job_state(doc, lambda pid: False) == "running"
+
+
+def test_the_step_is_the_checkpoint_logs_when_the_metrics_lag(tmp_path):
+    from msd.checkpoint.format import Delta, encode_delta
+    from msd.control.runs import consumed_step
+
+    folder = job(tmp_path, "j-20240501-110000", info("local", "done", 1), steps=(831,))
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "step-00000800.json").write_text("{}")
+    lines = [encode_delta(Delta(s, (), ())) for s in range(801, 895)]
+    (folder / "checkpoints" / "log-00000800.jsonl").write_bytes(b"".join(lines) + b'{"step": 8')
+    assert consumed_step(folder) == 894
+    (folder / "checkpoints" / "log-00000800.jsonl").write_bytes(b"")
+    assert consumed_step(folder) == 831  # the metrics, then
 
 
 def test_job_state_without_a_usable_pid_keeps_the_recorded_state():
@@ -130,7 +178,7 @@ def test_cli_ls_json_and_table(runs):
     assert len(rows) == 5
     assert set(rows[0]) == {"name", "path", "cluster", "state", "age_s", "step"}
     states = {r["name"]: r["state"] for r in rows}
-    assert states["gone-20240501-110000"] == "dead"
+    assert states["gone-20240501-110000"] == "lost"
     assert states["broken-20240501-100000"] == "unreadable"
 
     table = CliRunner().invoke(ls_app(), ["--run-dir", str(runs)])

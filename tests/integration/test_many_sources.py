@@ -1,0 +1,84 @@
+"""Many tiny sources: too many loader processes draw a warning, and a launch summarises its
+loader processes in one line (every process is listed in JOB/loaders.txt)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from msd.synth import SynthSource, synth
+from tests.conftest import run_msd
+
+SOURCES = 80
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("many")
+    tiny = [
+        SynthSource(f"src{i:03d}", median_tokens=30, sigma=0.5, max_tokens=200, num_samples=40)
+        for i in range(SOURCES)
+    ]
+    synth(root / "data", tiny, seed=2, files_per_source=1, rows_per_row_group=20)
+    return root
+
+
+def recipe(root: Path, name: str, loaders: int | str = 1, **extra: Any) -> str:
+    r: dict[str, Any] = {
+        "name": name,
+        "steps": 3,
+        "seq_len": 256,
+        "global_batch_tokens": 1024,
+        "distribute": {"dp": 2},
+        "sources": [
+            {
+                "name": f"src{i:03d}",
+                "path": f"data/src{i:03d}/*.parquet",
+                "text_column": "text",
+                "weight": 1 + i % 5,
+                "loaders": loaders,
+            }
+            for i in range(SOURCES)
+        ],
+        "trainer": {"command": "demo", "demo": {"step_ms": 0}},
+        **extra,
+    }
+    (root / f"{name}.yaml").write_text(yaml.safe_dump(r, sort_keys=False))
+    return f"{name}.yaml"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())  # the console wraps long lines at spaces
+
+
+def test_validate_and_dry_run_warn_about_a_process_per_source(many: Path) -> None:
+    # on SLURM the limit is 64 whatever this machine's CPUs: 80 sources, 80 loader jobs
+    one_each = recipe(many, "one-each", cluster="slurm")
+    for args in (("validate", one_each), ("launch", one_each, "--dry-run")):
+        result = run_msd(*args, cwd=many)
+        assert result.returncode == 0, result.stderr
+        warning = flat(result.stderr)
+        assert warning.startswith("warning: this recipe starts 80 loader processes"), warning
+        assert "sources_per_process" in warning and "loaders: auto" in warning
+        assert "Traceback" not in result.stderr
+    shared = recipe(many, "shared", cluster="slurm", loader={"sources_per_process": 8})
+    result = run_msd("validate", shared, cwd=many)
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+
+
+def test_launch_summarises_loaders_instead_of_naming_every_source(many: Path) -> None:
+    auto = recipe(many, "auto", loaders="auto", loader={"cpus": 2})
+    result = run_msd("launch", auto, cwd=many)
+    assert result.returncode == 0, result.stderr
+    before_progress = flat(result.stdout.split("step ")[0])
+    assert f"loaders (auto, 2 CPUs): {SOURCES} sources on" in before_progress
+    named = [i for i in range(SOURCES) if f"src{i:03d}" in before_progress]
+    assert len(named) <= 3, before_progress
+    assert "more sources (--json has them all)" in result.stdout
+    (job,) = (many / "runs").glob("auto-*")
+    lines = (job / "loaders.txt").read_text().splitlines()
+    served = sorted(s for line in lines for s in line.split("\t")[1].split(", "))
+    assert served == [f"src{i:03d}" for i in range(SOURCES)]
