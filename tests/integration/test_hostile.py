@@ -128,6 +128,22 @@ def listening(launcher: Launcher) -> dict[str, list[int]]:
     return ports
 
 
+def _port(job: JobDir, name: str) -> int:
+    published = job.read_endpoint(name)
+    assert published is not None, f"nothing published as {name}"
+    return int(published.address.rsplit(":", 1)[1].split("/")[0])  # tcp://h:p or http://h:p/m
+
+
+def data_ports(launcher: Launcher, job: JobDir) -> dict[str, list[int]]:
+    """The ZeroMQ ports of the job's roles: every port they listen on but the Planner's
+    Prometheus endpoint (HTTP, read-only figures; docs/security.md)."""
+    ports = listening(launcher)
+    metrics = _port(job, "metrics")
+    assert sorted(ports) == ["constructor", "planner"] and len(ports["constructor"]) == 2
+    assert sorted(ports["planner"]) == sorted([_port(job, "planner"), metrics])
+    return {"planner": [_port(job, "planner")], "constructor": ports["constructor"]}
+
+
 def role_pid(launcher: Launcher, role: str) -> int:
     for proc in processes_of_launcher(launcher.pid):
         with suppress(psutil.NoSuchProcess, psutil.AccessDenied):
@@ -167,8 +183,7 @@ def test_a_peer_without_the_key_gets_nothing_from_any_socket_and_changes_nothing
 ) -> None:
     launcher = launch(tmp_path, small_data)
     job = running(launcher)
-    ports = listening(launcher)
-    assert sorted(ports) == ["constructor", "planner"] and len(ports["constructor"]) == 2
+    ports = data_ports(launcher, job)
     ctx = zmq.Context()
     wrong_keys = create_keys(tmp_path / "other.key")
     step = step_now(job)
@@ -293,17 +308,19 @@ def test_garbage_from_a_key_holder_is_dropped_counted_and_changes_nothing(
 ) -> None:
     launcher = launch(tmp_path, small_data, step_ms=150)  # runs on while it is checked
     job = running(launcher)
-    ports = listening(launcher)
+    ports = data_ports(launcher, job)
     keys = job.keys()
     step = step_now(job)
     rng = random.Random(20261201)
     ctx = zmq.Context()
-    planner_port = ports["planner"][0]
+    (planner_port,) = ports["planner"]
     sent = 0
     for port in ports["constructor"] + [planner_port]:
         endpoint = f"tcp://127.0.0.1:{port}"
         dealer = transport.connect(ctx, zmq.DEALER, endpoint, keys=keys)
         pusher = transport.connect(ctx, zmq.PUSH, endpoint, keys=keys)
+        payloads = port != planner_port and _is_payload_port(job, port)
+        handshaken(pusher if payloads else dealer)  # the other kind is refused
         valid = (
             to_planner(step)
             if port == planner_port
@@ -315,12 +332,13 @@ def test_garbage_from_a_key_holder_is_dropped_counted_and_changes_nothing(
             sent += 1
         time.sleep(0.2)
         for sock in (dealer, pusher):
-            sock.close(linger=2000)
+            sock.close(linger=10_000)
     ctx.term()
     counts = wait_for(
         lambda: rejected(request(job, StatusRequest(), Status).view),
         lambda c: c[0] > 0 and c[1] > 0,
         launcher,
+        timeout_s=30,
     )
     job_root = finish(launcher)
     assert sent == 450
@@ -328,6 +346,25 @@ def test_garbage_from_a_key_holder_is_dropped_counted_and_changes_nothing(
     logs = "\n".join(p.read_text() for p in (job_root / "logs").glob("*"))
     assert "dropped a message (malformed" in logs
     assert digests(job_root) == reference
+
+
+def handshaken(sock: zmq.Socket[Any], timeout_s: float = 30) -> None:
+    """Return once ``sock``'s CURVE handshake with the job succeeded (what it sends is read).
+
+    A PUSH socket meets the ROUTERs and a DEALER the PULL too: ZeroMQ refuses those pairs in
+    the handshake, so what goes that way reaches no role, as a peer of the wrong kind finds."""
+    monitor = sock.get_monitor_socket()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if monitor.poll(100) and (
+                recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            ):
+                return
+        raise AssertionError(f"no CURVE handshake with the job in {timeout_s} s")
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
 
 
 def wait_for(
