@@ -34,7 +34,12 @@ from typing import Any
 
 import yaml
 
-from benchmarks.quickstart import ensure_demo_data, machine
+from benchmarks.quickstart import (
+    _steady_tokens_per_s,
+    ensure_demo_data,
+    machine,
+    paired_runs_parser,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,34 +81,20 @@ def run(python: str, recipe: dict[str, Any], steps: int, workdir: Path) -> Run:
     return Run(cpu_s, records)
 
 
-def steady_tokens_per_s(records: list[dict[str, Any]], warmup: int) -> float:
-    last = max(r["step"] for r in records)
-    start = max(r["time"] for r in records if r["step"] == warmup)
-    end = max(r["time"] for r in records if r["step"] == last)
-    return sum(r["tokens"] for r in records if warmup < r["step"] <= last) / (end - start)
-
-
 def measure(python: str, recipe: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
     short = run(python, recipe, args.short_steps, work)
     long = run(python, recipe, args.steps, work)
     return {
-        "tokens_per_s": steady_tokens_per_s(long.records, args.warmup),
+        "tokens_per_s": _steady_tokens_per_s(long.records, args.warmup),
         "cpu_s_per_1m_tokens": (long.cpu_s - short.cpu_s) / (long.tokens - short.tokens) * 1e6,
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = paired_runs_parser(__doc__)
+    parser.set_defaults(recipe=ROOT / "recipes" / "quickstart.yaml", steps=400)
     parser.add_argument("--baseline-python", required=True)
-    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart.yaml")
-    parser.add_argument("--data", type=Path, default=Path("demo-data"))
-    parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--short-steps", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     ensure_demo_data(args.data)
     recipe = yaml.safe_load(args.recipe.read_text())
