@@ -70,7 +70,9 @@ def read_rank_logs(job_root: Path) -> dict[int, list[dict[str, Any]]]:
     logs = {}
     for path in sorted((job_root / "trainer").glob("rank-*.jsonl")):
         rank = int(path.stem.split("-")[1])
-        logs[rank] = [json.loads(line) for line in path.read_text().splitlines()]
+        # a rank still writing may have its last line half written: read whole lines only
+        whole = path.read_text().split("\n")[:-1]
+        logs[rank] = [json.loads(line) for line in whole if line]
     return logs
 
 
