@@ -22,9 +22,8 @@ import torch
 import zmq
 
 from msd.errors import CheckpointError, LaunchError, ProtocolError
-from msd.jobdir import JobDir, Published
+from msd.jobdir import JobDir, Published, constructor_endpoint_name
 from msd.recipe.schema import stream_fingerprint
-from msd.roles.constructor import constructor_endpoint_name
 from msd.wire import transport
 from msd.wire.protocol import Batch, Behind, Ended, Get, Refused, Rewind, Rewinding
 

@@ -37,6 +37,14 @@ from msd.errors import LaunchError
 from msd.recipe.schema import Recipe, from_json
 from msd.wire.keys import KEY_FILE, JobKeys, load_keys
 
+# The Planner's exit code when the data plane must restart at an earlier step (a trainer rewound).
+REWIND_EXIT = 75
+
+
+def constructor_endpoint_name(node: str) -> str:
+    """The name a node's Data Constructor publishes its trainer endpoint under."""
+    return f"constructor-{node}"
+
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write via a temporary file and rename, so a reader never sees half a file; a failed

@@ -222,3 +222,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append(("msd launched by this test", launch_report(run, cwd)))
     if report.when == "teardown" or report.failed:
         _LAUNCHED.clear()
+
+
+@pytest.fixture(autouse=True)
+def record_digests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ``MSD_RECORD_DIGESTS=FILE``: after each test, append every batch digest its jobs'
+    ranks logged (one JSON line a test), to compare two versions' streams test by test."""
+    yield
+    out = os.environ.get("MSD_RECORD_DIGESTS")
+    if not out or "tmp_path" not in request.fixturenames:
+        return
+    root: Path = request.getfixturevalue("tmp_path")
+    jobs = sorted({p.parent.parent for p in root.rglob("trainer/rank-*.jsonl")}, key=str)
+    found: dict[str, dict[int, list[tuple[int, str]]]] = {}
+    for index, job in enumerate(sorted(jobs, key=lambda j: j.stat().st_mtime)):
+        ranks = read_rank_logs(job)
+        found[f"{job.relative_to(root).parent}#{index}"] = {
+            rank: sorted({(int(e["step"]), str(e["digest"])) for e in lines if "digest" in e})
+            for rank, lines in ranks.items()
+        }
+    with open(out, "a") as f:
+        f.write(json.dumps({"test": request.node.nodeid, "jobs": found}) + "\n")

@@ -33,13 +33,18 @@ from msd.control.history import write_history
 from msd.control.rescales import load_rescales
 from msd.control.shadows import fate_of_dead_loader, load_takeovers, shadows_used
 from msd.errors import LaunchError, MsdError
-from msd.jobdir import JobDir, full_message, is_full, nearly_full
+from msd.jobdir import (
+    REWIND_EXIT,
+    JobDir,
+    constructor_endpoint_name,
+    full_message,
+    is_full,
+    nearly_full,
+)
 from msd.launch import procs
 from msd.plan.partition import loader_processes
 from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
-from msd.roles.constructor import constructor_endpoint_name
-from msd.roles.planner import REWIND_EXIT
 from msd.wire import transport
 from msd.wire.keys import create_keys
 from msd.wire.protocol import LoaderLost, Status, StatusRequest, Stop

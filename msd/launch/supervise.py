@@ -33,9 +33,8 @@ import time
 from msd.control.client import planner_socket
 from msd.control.rescales import load_rescales
 from msd.control.shadows import fate_of_dead_loader, load_takeovers
-from msd.jobdir import JobDir
+from msd.jobdir import REWIND_EXIT, JobDir
 from msd.launch import incarnations, procs
-from msd.roles.planner import REWIND_EXIT
 from msd.wire import transport
 from msd.wire.protocol import LoaderLost
 

@@ -36,7 +36,7 @@ LongSamples = str  # "split" | "truncate" | "drop"
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """What decides the stream, reduced to numbers (see ``msd.roles.planner.stream_spec``)."""
+    """What decides the stream, reduced to numbers (see ``msd.plan.spec.stream_spec``)."""
 
     seed: int
     schedule: Schedule

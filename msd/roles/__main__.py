@@ -10,7 +10,13 @@ import argparse
 import sys
 
 from msd.jobdir import JobDir
-from msd.roles.common import StopRequested, die_with_parent, run_role, stop_on_signals
+from msd.roles.common import (
+    FAILURE_PREFIX,
+    StopRequested,
+    die_with_parent,
+    run_role,
+    stop_on_signals,
+)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -39,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_role(
             "loader",
             name,
-            lambda: _planner_socket(job, f"failure/loader/{name}"),
+            lambda: _planner_socket(job, FAILURE_PREFIX.decode() + f"loader/{name}"),
             lambda: loader.main(job, name),
         )
     from msd.roles import constructor
@@ -48,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_role(
         "constructor",
         args.node,
-        lambda: _planner_socket(job, f"failure/constructor/{args.node}"),
+        lambda: _planner_socket(job, FAILURE_PREFIX.decode() + f"constructor/{args.node}"),
         lambda: constructor.main(job, args.node, ranks),
     )
 

@@ -21,6 +21,9 @@ from msd.wire.protocol import PROTOCOL_VERSION, Failure, Hello
 
 _PR_SET_PDEATHSIG = 1
 
+# The identity a role reports its crash with: this prefix + its own (msd.roles.__main__).
+FAILURE_PREFIX = b"failure/"
+
 
 def die_with_parent() -> None:
     """Ask Linux to SIGTERM this process when its launcher dies, so no role outlives it."""

@@ -18,12 +18,12 @@ import numpy as np
 import zmq
 
 from msd.checkpoint.resume import latest_state
-from msd.jobdir import JobDir
+from msd.jobdir import JobDir, constructor_endpoint_name
 from msd.pack import Piece, pack_rows
+from msd.plan.spec import topology_of
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.intake import Intake, Key
-from msd.roles.planner import topology_of
 from msd.shard import cp_slice
 from msd.wire import transport
 from msd.wire.protocol import (
@@ -50,10 +50,6 @@ EARLY_CAP_MIN_BYTES = 64 << 20
 PAYLOADS_PER_PEER = 64  # payloads queued from one loader before ZeroMQ reads it no further
 
 Arrays = dict[str, np.ndarray]
-
-
-def constructor_endpoint_name(node: str) -> str:
-    return f"constructor-{node}"
 
 
 class Constructor:

@@ -28,16 +28,15 @@ from msd.control.rescales import load_rescales, write_rescales
 from msd.control.shadows import Takeover, load_takeovers, write_takeovers
 from msd.control.view import JobObserver, metrics_line
 from msd.errors import CheckpointError, MsdError, ProtocolError, SourceError
-from msd.jobdir import JobDir
+from msd.jobdir import REWIND_EXIT, JobDir
 from msd.plan import autoscale
-from msd.plan.cost import CostModel
 from msd.plan.lifecycle import SampleGraph
 from msd.plan.partition import Generation, generations, loader_processes
-from msd.plan.schedule import MixChange, schedule_of
-from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, StreamSpec, plan_step
-from msd.plan.topology import Topology
-from msd.recipe.schema import Recipe, pad_multiple, stream_fingerprint, to_json
+from msd.plan.spec import stream_spec, topology_of
+from msd.plan.step import EndOfStream, NeedData, PlannerState, StepPlan, plan_step
+from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.roles.admission import refusal
+from msd.roles.common import FAILURE_PREFIX
 from msd.sources.index import open_source
 from msd.wire import transport
 from msd.wire.protocol import (
@@ -78,36 +77,9 @@ from msd.wire.rejects import Rejects
 
 log = logging.getLogger(__name__)
 TICK_S = 1.0  # how often the Planner refreshes its view (status, metrics)
-REWIND_EXIT = 75  # the Planner's exit code when the data plane must restart at an earlier step
 
-FAILURE_PREFIX = b"failure/"  # msd.roles.__main__: the identity a role reports its crash with
 # Metadata only: a row group's sample lengths are a few MB at most.
 MAX_MESSAGE_BYTES = 256 << 20
-
-
-def stream_spec(
-    recipe: Recipe, num_rows: tuple[int, ...], changes: tuple[MixChange, ...] = ()
-) -> StreamSpec:
-    return StreamSpec(
-        seed=recipe.seed,
-        schedule=schedule_of(recipe, changes),
-        num_rows=num_rows,
-        repeat=tuple(s.repeat for s in recipe.sources),
-        dp=recipe.distribute.dp,
-        micro_batches=recipe.micro_batches,
-        micro_batch_size=recipe.micro_batch_size,
-        seq_len=recipe.seq_len,
-        steps=recipe.steps,
-        pad_multiple=pad_multiple(recipe.distribute),
-        long_samples=recipe.balance.long_samples,
-        method=recipe.balance.method,
-        cost=CostModel(recipe.cost.attn, recipe.cost.lin, recipe.cost.function),
-    )
-
-
-def topology_of(recipe: Recipe) -> Topology:
-    d = recipe.distribute
-    return Topology(d.dp, d.pp, d.cp, d.tp, d.order)
 
 
 class Peer:

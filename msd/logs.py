@@ -1,0 +1,58 @@
+"""How every msd process logs: one line per event, naming the role, its step and the level.
+
+A role process calls ``setup(role, name)`` once; ``set_step`` keeps the step its lines carry
+current. The CLI calls ``setup("msd", ...)`` with the level its ``-v`` asked for; roles started
+by a launcher inherit that level through ``MSD_LOG_LEVEL``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+LEVEL_ENV = "MSD_LOG_LEVEL"  # the level roles log at (a name: DEBUG, INFO, WARNING)
+FORMAT = "%(asctime)s %(levelname)s %(role)s step=%(step)s %(name)s: %(message)s"
+
+_context: dict[str, str] = {"role": "msd", "step": "-"}
+
+
+class _Context(logging.Filter):
+    """Adds the process's role and current step to every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.role = _context["role"]
+        record.step = _context["step"]
+        return True
+
+
+def level_from_verbosity(verbose: int, quiet: int = logging.WARNING) -> int:
+    """``-v`` counted: none → ``quiet``, one → INFO, two or more → DEBUG."""
+    if verbose <= 0:
+        return quiet
+    return logging.INFO if verbose == 1 else logging.DEBUG
+
+
+def role_level() -> int:
+    """The level a role logs at: ``MSD_LOG_LEVEL`` if it names one, else INFO."""
+    level = logging.getLevelName(os.environ.get(LEVEL_ENV, "INFO").upper())
+    return level if isinstance(level, int) else logging.INFO
+
+
+def setup(role: str, name: str = "", level: int | None = None) -> None:
+    """Send msd's records to stderr, one line each; replaces an earlier set-up."""
+    _context["role"] = f"{role}[{name}]" if name and name != role else role
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(_Context())
+    root = logging.getLogger("msd")
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(role_level() if level is None else level)
+    root.propagate = False
+
+
+def set_step(step: int) -> None:
+    """The step this process's next lines are about."""
+    _context["step"] = str(step)
