@@ -228,11 +228,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def record_digests(request: pytest.FixtureRequest) -> Iterator[None]:
     """With ``MSD_RECORD_DIGESTS=FILE``: after each test, append every batch digest its jobs'
     ranks logged (one JSON line a test), to compare two versions' streams test by test."""
-    yield
     out = os.environ.get("MSD_RECORD_DIGESTS")
     if not out or "tmp_path" not in request.fixturenames:
+        yield
         return
     root: Path = request.getfixturevalue("tmp_path")
+    yield
     jobs = sorted({p.parent.parent for p in root.rglob("trainer/rank-*.jsonl")}, key=str)
     found: dict[str, dict[int, list[tuple[int, str]]]] = {}
     for index, job in enumerate(sorted(jobs, key=lambda j: j.stat().st_mtime)):
