@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Annotated
 
 import typer
 
 import msd
+import msd.logs
 
 from . import (
     checkpoint,
@@ -51,8 +54,21 @@ def _options(
             help="Print the version and exit.",
         ),
     ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            help="Log more: -v what happens (INFO), -vv everything (DEBUG); roles log at it too.",
+        ),
+    ] = 0,
 ) -> None:
     """A multi-source data plane for large-model training."""
+    level = msd.logs.level_from_verbosity(verbose)
+    msd.logs.setup("msd", level=level)
+    if verbose:  # the roles this command starts log at it too (else at INFO, their default)
+        os.environ[msd.logs.LEVEL_ENV] = logging.getLevelName(level)
 
 
 app.command("synth")(synth.synth)

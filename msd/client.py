@@ -10,6 +10,7 @@ turns it into tensors while the trainer computes. It is also a
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -26,6 +27,8 @@ from msd.jobdir import JobDir, Published, constructor_endpoint_name
 from msd.recipe.schema import stream_fingerprint
 from msd.wire import transport
 from msd.wire.protocol import Batch, Behind, Ended, Get, Refused, Rewind, Rewinding
+
+log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 _SLURM_NAMES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID"}
@@ -246,6 +249,7 @@ class _Fetcher:
             if time.monotonic() - checked >= self.ENDPOINT_CHECK_S:
                 checked = time.monotonic()
                 if self._restarted(endpoint):  # the data plane was restarted: ask it
+                    log.info("rank %d: the data plane restarted; asking it again", self.rank)
                     return RECONNECT
         _, msg, buffers = transport.recv(sock)
         if isinstance(msg, Ended):
@@ -269,6 +273,7 @@ class _Fetcher:
         the Planner to restart the data plane there, and wait for it."""
         from msd.control.client import planner_socket  # the control plane, on this rare path
 
+        log.info("rank %d: step %d was consumed already; rewinding the data plane", self.rank, step)
         sock = planner_socket(self.job, timeout_s=10.0)
         try:
             transport.send(sock, Rewind(step=step))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TextIO
 
 LEVEL_ENV = "MSD_LOG_LEVEL"  # the level roles log at (a name: DEBUG, INFO, WARNING)
 FORMAT = "%(asctime)s %(levelname)s %(role)s step=%(step)s %(name)s: %(message)s"
@@ -26,6 +27,22 @@ class _Context(logging.Filter):
         return True
 
 
+class _Stderr(logging.StreamHandler[TextIO]):
+    """Writes to whatever ``sys.stderr`` is when a record comes (a redirect, a test's capture),
+    not to the stream it was when ``setup`` ran."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
 def level_from_verbosity(verbose: int, quiet: int = logging.WARNING) -> int:
     """``-v`` counted: none → ``quiet``, one → INFO, two or more → DEBUG."""
     if verbose <= 0:
@@ -34,15 +51,18 @@ def level_from_verbosity(verbose: int, quiet: int = logging.WARNING) -> int:
 
 
 def role_level() -> int:
-    """The level a role logs at: ``MSD_LOG_LEVEL`` if it names one, else INFO."""
-    level = logging.getLevelName(os.environ.get(LEVEL_ENV, "INFO").upper())
+    """The level a role logs at: ``MSD_LOG_LEVEL`` if it names one (or is a number), else INFO."""
+    value = os.environ.get(LEVEL_ENV, "INFO").strip().upper()
+    if value.isdigit():
+        return int(value)
+    level = logging.getLevelName(value)
     return level if isinstance(level, int) else logging.INFO
 
 
 def setup(role: str, name: str = "", level: int | None = None) -> None:
     """Send msd's records to stderr, one line each; replaces an earlier set-up."""
     _context["role"] = f"{role}[{name}]" if name and name != role else role
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(logging.Formatter(FORMAT))
     handler.addFilter(_Context())
     root = logging.getLogger("msd")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from msd.errors import LaunchError
 from msd.jobdir import atomic_write
@@ -41,9 +42,8 @@ def load_rescales(path: Path, recipe: Recipe) -> tuple[Generation, ...]:
     if not path.exists():
         return ()
     names = [s.name for s in recipe.sources]
+    data = _read(path)
     try:
-        data = json.loads(path.read_text())
-        assert data["version"] == RESCALES_VERSION
         return tuple(
             Generation(
                 names.index(e["source"]),
@@ -55,5 +55,20 @@ def load_rescales(path: Path, recipe: Recipe) -> tuple[Generation, ...]:
             )
             for e in data["generations"]
         )
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise LaunchError(f"{path} is not a valid loader-generation file ({exc})") from None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The file's JSON object, once its version is the one this msd writes."""
+    try:
+        data = json.loads(path.read_text())
+        version = data["version"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LaunchError(f"{path} is not a valid loader-generation file ({exc})") from None
+    if version != RESCALES_VERSION:
+        raise LaunchError(
+            f"{path} is a loader-generation file of version {version!r}, written by another msd "
+            f"version; this one reads version {RESCALES_VERSION}"
+        )
+    return data  # type: ignore[no-any-return]

@@ -32,7 +32,7 @@ _PID_REUSE_SLACK_S = 2.0  # a process at the launcher's pid started later is ano
 _LOG = re.compile(r"^log-(\d+)\.jsonl$")
 _SNAPSHOT = re.compile(r"^step-(\d+)\.json$")
 _TAIL_BYTES = 64 * 1024  # enough for the last metrics line, however long the run
-# NAME-YYYYmmdd-HHMMSS[-n], stamped in UTC (msd.launch.local.new_job_dir)
+# NAME-YYYYmmdd-HHMMSS[-n], stamped in UTC (msd.launch.jobfolder.new_job_dir)
 _STAMP = re.compile(r"-(\d{8}-\d{6})(?:-(\d+))?$")
 
 

@@ -12,9 +12,10 @@ from typing import Any
 import msgspec
 
 from msd.control.client import request
+from msd.control.views import StatusView
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
-from msd.wire.protocol import Status, StatusRequest, StatusView
+from msd.wire.protocol import Status, StatusRequest
 
 
 def resolve_job(job: Path | None, runs: Path) -> JobDir:
@@ -63,7 +64,7 @@ def status_json(job: JobDir, view: StatusView) -> dict[str, Any]:
 
 def slurm_states(job: JobDir) -> list[dict[str, str]]:
     """Each SLURM job of the run with its state (empty if squeue cannot be asked)."""
-    from msd.launch.slurm import squeue_states
+    from msd.control.squeue import squeue_states
 
     jobs = job.read_json(job.job_json).get("slurm_jobs", {})
     states: dict[str, str] = {}

@@ -15,17 +15,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from msd.wire.protocol import (
+from msd.control.views import (
     ConstructorView,
-    Hello,
     JobView,
     LoaderView,
     PlannerView,
     RankView,
     SourceView,
-    Stats,
     StatusView,
 )
+from msd.wire.protocol import Hello, Stats
 
 VIEW_VERSION = 1
 WINDOW_S = 10.0

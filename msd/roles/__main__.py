@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from msd import logs
 from msd.jobdir import JobDir
 from msd.roles.common import (
     FAILURE_PREFIX,
@@ -31,6 +32,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    logs.setup(args.role, _name(args))
     die_with_parent()
     stop_on_signals()
     job = JobDir(args.job)
@@ -57,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         lambda: _planner_socket(job, FAILURE_PREFIX.decode() + f"constructor/{args.node}"),
         lambda: constructor.main(job, args.node, ranks),
     )
+
+
+def _name(args: argparse.Namespace) -> str:
+    """The role process's name in its log lines: a loader's name, a Constructor's node."""
+    names: dict[str, str] = {"planner": "planner", "loader": args.name, "constructor": args.node}
+    return names[args.role]
 
 
 def _planner_socket(job: JobDir, identity: str):  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -18,6 +19,8 @@ from msd.control.client import planner_socket
 from msd.jobdir import JobDir
 from msd.wire import transport
 from msd.wire.protocol import PROTOCOL_VERSION, Failure, Hello
+
+log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -82,7 +85,7 @@ def run_role(
         return 0
     except Exception as exc:  # a role's failure must reach the Planner, whatever it is
         tb = traceback.format_exc()
-        print(tb, file=sys.stderr, flush=True)
+        log.error("failed: %s\n%s", exc, tb.rstrip())
         sock = planner()
         if sock is not None:
             with contextlib.suppress(zmq.ZMQError):

@@ -10,6 +10,7 @@ data-wait) back to the Planner, which is what lets the Planner plan ahead withou
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import deque
@@ -17,6 +18,7 @@ from collections import deque
 import numpy as np
 import zmq
 
+from msd import logs
 from msd.checkpoint.resume import latest_state
 from msd.jobdir import JobDir, constructor_endpoint_name
 from msd.pack import Piece, pack_rows
@@ -42,6 +44,8 @@ from msd.wire.protocol import (
     TensorSpec,
 )
 from msd.wire.rejects import Rejects
+
+log = logging.getLogger(__name__)
 
 RANK_WAITS = 100  # a rank's data-wait percentiles in its Stats are over this many steps
 GET_MAX_BYTES = 1 << 16  # a trainer's request is a few dozen bytes
@@ -91,6 +95,7 @@ class Constructor:
             "constructor", self.node, node=self.node, endpoints=self.endpoints, ranks=self.ranks
         )
         transport.send(self.planner, hi)
+        log.info("serving ranks %s", ", ".join(map(str, self.ranks)))
         poller = zmq.Poller()
         for sock in (self.planner, self.payloads_in, self.clients):
             poller.register(sock, zmq.POLLIN)
@@ -118,6 +123,7 @@ class Constructor:
                 self._on_plan(msg)
             elif isinstance(msg, End):
                 self.num_steps = msg.num_steps
+                log.info("the stream has %d steps", msg.num_steps)
                 self._answer_parked()
             elif isinstance(msg, Stop):
                 return False
@@ -157,9 +163,24 @@ class Constructor:
         return ahead + 2 * self.recipe.constructor.prefetch_steps + 8
 
     def _on_plan(self, plan: Plan) -> None:
+        reason = self._refuse_plan(plan)
+        if reason is not None:
+            self.rejects.count("invalid", reason)
+            return
         self.plans[plan.step] = plan
-        self.intake.plan(plan.step, {(s[2], s[3]) for s in plan.slots})
+        self.intake.plan(plan.step, set(zip(plan.source, plan.gpos, strict=True)))
         self._maybe_build(plan.step)
+
+    def _refuse_plan(self, plan: Plan) -> str | None:
+        """Why a plan names rows this Constructor cannot build (its columns' lengths and signs
+        are checked on decode), or None."""
+        if not set(plan.dp) <= {dp for dp, _ in self.groups}:
+            return f"a plan for step {plan.step} names DP ranks this constructor does not serve"
+        if plan.row and max(plan.row) >= self.recipe.rows_per_rank:
+            return f"a plan for step {plan.step} names row {max(plan.row)}"
+        if plan.source and max(plan.source) >= len(self.recipe.sources):
+            return f"a plan for step {plan.step} names source {max(plan.source)}"
+        return None
 
     # -- building -----------------------------------------------------------------------------
     def _maybe_build(self, step: int) -> None:
@@ -174,6 +195,7 @@ class Constructor:
             size += sum(a.nbytes for a in arrays.values())
         self.step_bytes = max(self.step_bytes, size)
         self.built.add(step)
+        logs.set_step(step)
         while self.built_upto in self.built:
             self.built.remove(self.built_upto)
             self.built_upto += 1
@@ -184,7 +206,18 @@ class Constructor:
         rows: dict[int, list[list[Piece]]] = {
             dp: [[] for _ in range(self.recipe.rows_per_rank)] for dp, _ in self.groups
         }
-        for dp, row, source, gpos, sample_id, length, offset, padded in plan.slots:
+        pieces = zip(
+            plan.dp,
+            plan.row,
+            plan.source,
+            plan.gpos,
+            plan.sample_id,
+            plan.length,
+            plan.offset,
+            plan.padded,
+            strict=True,
+        )
+        for dp, row, source, gpos, sample_id, length, offset, padded in pieces:
             tokens = payloads[(source, gpos)][offset : offset + length]
             rows[dp][row].append(Piece(source, sample_id, tokens, padded, offset))
         return rows
@@ -197,18 +230,21 @@ class Constructor:
                 continue
             identity, msg, _ = received
             assert identity is not None  # a ROUTER socket always names the sender
-            reason = self._refuse_get(msg)
-            if reason is None:
-                assert isinstance(msg, Get)
-                self._on_get(identity, msg)
-            else:
-                transport.send(self.clients, Refused(reason=reason), to=identity)
+            self._on_request(identity, msg)
 
-    def _refuse_get(self, msg: object) -> str | None:
-        """Why a trainer's request cannot be served (counted), or None."""
+    def _on_request(self, identity: bytes, msg: object) -> None:
+        """Serve a trainer's ``Get``; refuse anything else, or a request out of range."""
         if not isinstance(msg, Get):
             self.rejects.count("unexpected", f"a {type(msg).__name__} on the trainer socket")
-            return f"constructor {self.node} serves only batch requests"
+            refused = Refused(reason=f"constructor {self.node} serves only batch requests")
+            transport.send(self.clients, refused, to=identity)
+        elif (reason := self._refuse_get(msg)) is not None:
+            transport.send(self.clients, Refused(reason=reason), to=identity)
+        else:
+            self._on_get(identity, msg)
+
+    def _refuse_get(self, msg: Get) -> str | None:
+        """Why a trainer's request cannot be served (counted), or None."""
         if msg.rank not in self.consumed:
             self.rejects.count("invalid", f"a request for rank {msg.rank}")
             return f"constructor {self.node} does not serve rank {msg.rank}"

@@ -14,6 +14,7 @@ tokenized next (``_Visit``): a window of about 256 KiB, not a row group, per sou
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import socket
 import time
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import zmq
 
+from msd import logs
 from msd.checkpoint.resume import first_positions, latest_state
 from msd.control.rescales import load_rescales
 from msd.control.shadows import load_takeovers, shadows_used
@@ -55,6 +57,8 @@ from msd.wire.protocol import (
     Want,
     Welcome,
 )
+
+log = logging.getLogger(__name__)
 
 # Text bytes tokenized per loop turn, at most: large enough that per-message costs stay small.
 CHUNK_BYTES = 64 * 1024
@@ -430,7 +434,7 @@ class Loader:
         marker.parent.mkdir(exist_ok=True)
         marker.write_text(self.name)
         transport.send(self.planner, Retired(name=self.name))
-        print(f"loader {self.name}: replaced by a newer generation; retired", flush=True)
+        log.info("replaced by a newer generation; retired")
 
     def _stats(self) -> Stats:
         cpu_s, pss = process_usage()
@@ -474,6 +478,7 @@ class Loader:
 
     def _route(self, msg: Route) -> None:
         """One payload message per destination: the routed samples' tokens back to back."""
+        logs.set_step(msg.step)
         by_dest: dict[int, list[tuple[int, int]]] = {}
         for key in zip(msg.source, msg.gpos, msg.constructor, strict=True):
             by_dest.setdefault(key[2], []).append(key[:2])
@@ -502,7 +507,7 @@ def stand_by(
     open_source(recipe.sources[source], f"sources[{source}]")  # its files' metadata, warm
     planner = connect_planner(job, f"loader/{process.name}")
     transport.send(planner, hello("loader", process.name, sources=(source,), standby=source))
-    print(f"loader {process.name}: standing by for {recipe.sources[source].name}", flush=True)
+    log.info("standing by for source %s", recipe.sources[source].name)
     next_stats = 0.0
     while True:
         if time.monotonic() >= next_stats:
@@ -520,8 +525,9 @@ def stand_by(
 
 def main(job: JobDir, name: str) -> None:
     started = time.monotonic()
-    # The C library's allocator, trimmed after each block (``_open_visit``), gives freed blocks
-    # back; Arrow's default pool keeps them, tens of MB per process with many sources.
+    # The C library's allocator, trimmed each time a visit lets go of a block (``_Visit._take``),
+    # gives freed blocks back; Arrow's default pool keeps them, tens of MB per process with many
+    # sources.
     pa.set_memory_pool(pa.system_memory_pool())
     recipe = job.recipe()
     rescales = load_rescales(job.rescales, recipe)
@@ -536,11 +542,8 @@ def main(job: JobDir, name: str) -> None:
         rescales = load_rescales(job.rescales, recipe)
         process = find_process(recipe, adopt.name, rescales, used)
         first = dict(zip(process.sources, adopt.first, strict=True))
-        print(f"loader {name}: now {adopt.name}, from positions {adopt.first}", flush=True)
+        log.info("now loader %s, from positions %s", adopt.name, adopt.first)
     loader = Loader(job, recipe, process, rescales, planner, first)
-    print(
-        f"loader {loader.name} ({len(loader.shards)} sources) ready in "
-        f"{time.monotonic() - started:.2f} s",
-        flush=True,
-    )
+    elapsed_s = time.monotonic() - started
+    log.info("loader %s (%d sources) ready in %.2f s", loader.name, len(loader.shards), elapsed_s)
     loader.run()

@@ -15,9 +15,10 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
+from msd.control.views import StatusView
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6  # 6: Plan carries columns, not tuples of slots
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -131,12 +132,24 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
 class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
     """Planner → Constructor: the rows of one step for the DP ranks it serves.
 
-    ``slots`` are ``(dp, row, source, gpos, sample_id, length, offset, padded)`` in packing
-    order: tokens ``[offset, offset + length)`` of the sample, taking ``padded`` tokens.
+    Piece ``i`` (in packing order) goes into row ``row[i]`` of DP rank ``dp[i]``: tokens
+    ``[offset[i], offset[i] + length[i])`` of position ``gpos[i]`` of source ``source[i]``
+    (its row ``sample_id[i]`` in the source), taking ``padded[i]`` tokens of the row. Every
+    column has one entry per piece.
     """
 
     step: int
-    slots: tuple[tuple[int, int, int, int, int, int, int, int], ...]
+    dp: tuple[int, ...]
+    row: tuple[int, ...]
+    source: tuple[int, ...]
+    gpos: tuple[int, ...]
+    sample_id: tuple[int, ...]
+    length: tuple[int, ...]
+    offset: tuple[int, ...]
+    padded: tuple[int, ...]
+
+
+PLAN_COLUMNS = ("dp", "row", "source", "gpos", "sample_id", "length", "offset", "padded")
 
 
 class End(_Msg, frozen=True, tag=int(Kind.END)):
@@ -201,7 +214,8 @@ class StatusRequest(_Msg, frozen=True, tag=int(Kind.STATUS_REQUEST)):
 
 
 class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
-    """Planner → anyone asking: a snapshot of the job (see ``msd.roles.planner``)."""
+    """Planner → anyone asking: a snapshot of the job; ``view`` is what ``msd status`` shows
+    (``msd.control.views``)."""
 
     state: str
     planned: int
@@ -377,91 +391,6 @@ class LoaderLost(_Msg, frozen=True, tag=int(Kind.LOADER_LOST)):
     name: str
 
 
-# -- what `msd status` shows (field names are the `--json` keys; docs/status.md) ----------------
-class JobView(msgspec.Struct, frozen=True, kw_only=True):
-    state: str
-    step: int
-    planned: int
-    steps: int | None
-    steps_per_s: float
-    tokens_per_s: float
-    tokens: int
-    uptime_s: float
-    failure: str
-
-
-class SourceView(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    weight: float
-    samples_per_s: float
-    tokens_per_s: float
-    samples: int
-    tokens: int
-    loaders: int
-    queue_samples: int
-    queue_tokens: int
-    errors: int
-
-
-class LoaderView(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    node: str
-    pid: int
-    state: str
-    cpu_percent: float
-    cpu_seconds: float
-    pss_bytes: int
-    samples_per_s: float
-    sources: int
-
-
-class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    node: str
-    pid: int
-    state: str
-    cpu_percent: float
-    cpu_seconds: float
-    pss_bytes: int
-    ready_bytes: int
-    rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
-
-
-class RankView(msgspec.Struct, frozen=True, kw_only=True):
-    rank: int
-    constructor: str
-    step: int
-    ahead: int
-    wait_p50_ms: float
-    wait_p99_ms: float
-
-
-class PlannerView(msgspec.Struct, frozen=True, kw_only=True):
-    pid: int
-    plan_ms_p50: float
-    plan_ms_p99: float
-    balance_max_over_mean: float
-    planned_ahead: int
-    lifecycle: dict[str, int]
-    split: int
-    truncated: int
-    dropped: int
-    rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
-    empty: int = 0  # samples delivered holding no tokens (null or empty text)
-
-
-class StatusView(msgspec.Struct, frozen=True, kw_only=True):
-    version: int
-    job: JobView
-    sources: tuple[SourceView, ...]
-    loaders: tuple[LoaderView, ...]
-    constructors: tuple[ConstructorView, ...]
-    ranks: tuple[RankView, ...]
-    planner: PlannerView
-    wait_p50_ms: float
-    wait_p99_ms: float
-
-
 class Stop(_Msg, frozen=True, tag=int(Kind.STOP)):
     reason: str = ""
 
@@ -548,7 +477,27 @@ TENSOR_DTYPES = frozenset(
 )
 
 
+def _check_columns(msg: Route | Plan) -> None:
+    """A Route's or Plan's columns: as long as each other, no entry negative (but a Route's
+    ``DISCARD`` destination)."""
+    if isinstance(msg, Route):
+        columns = {"source": msg.source, "gpos": msg.gpos, "constructor": msg.constructor}
+    else:
+        columns = {f: getattr(msg, f) for f in PLAN_COLUMNS}
+    name = type(msg).__name__
+    if len({len(c) for c in columns.values()}) > 1:
+        shown = ", ".join(f"{len(c)} {f}" for f, c in columns.items())
+        raise ProtocolError(f"a {name} has columns of different lengths: {shown}")
+    if msg.step < 0:
+        raise ProtocolError(f"a {name} for step {msg.step}")
+    for f, c in columns.items():
+        if c and min(c) < (DISCARD if f == "constructor" else 0):
+            raise ProtocolError(f"a {name} has {f} {min(c)}")
+
+
 def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
+    if isinstance(msg, Route | Plan):
+        _check_columns(msg)
     if isinstance(msg, Payload):
         expected = 1
         _check_payload(msg, buffers)

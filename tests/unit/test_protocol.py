@@ -4,7 +4,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from msd.errors import ProtocolError
-from msd.wire.protocol import Batch, Get, Hello, Payload, TensorSpec, decode, encode
+from msd.wire.protocol import (
+    DISCARD,
+    PLAN_COLUMNS,
+    Batch,
+    Get,
+    Hello,
+    Payload,
+    Plan,
+    Route,
+    TensorSpec,
+    decode,
+    encode,
+)
+
+
+def a_plan(step: int = 4, **columns: tuple[int, ...]) -> Plan:
+    """Two pieces: all of sample (0, 9) in row 0 of DP rank 1, then the start of (2, 3)."""
+    base = {
+        "dp": (1, 1),
+        "row": (0, 0),
+        "source": (0, 2),
+        "gpos": (9, 3),
+        "sample_id": (90, 30),
+        "length": (5, 3),
+        "offset": (0, 0),
+        "padded": (5, 3),
+    }
+    return Plan(step=step, **{**base, **columns})
 
 
 def test_messages_round_trip():
@@ -55,12 +82,49 @@ def test_impossible_payloads_and_tensors_are_refused():
         decode(encode(huge, [b"\x00" * 8]))
 
 
+def test_a_plan_travels_as_named_columns():
+    plan = a_plan()
+    assert decode(encode(plan)) == (plan, [])
+    assert plan.gpos == (9, 3) and plan.padded == (5, 3)
+    assert tuple(f for f in Plan.__struct_fields__ if f != "step") == PLAN_COLUMNS
+    empty = Plan(
+        step=0, dp=(), row=(), source=(), gpos=(), sample_id=(), length=(), offset=(), padded=()
+    )
+    assert decode(encode(empty))[0] == empty
+
+
+@pytest.mark.parametrize("column", PLAN_COLUMNS)
+def test_a_plan_with_a_short_or_negative_column_is_refused(column):
+    with pytest.raises(ProtocolError, match="different lengths"):
+        decode(encode(a_plan(**{column: (1,)})))
+    with pytest.raises(ProtocolError, match=column):
+        decode(encode(a_plan(**{column: (1, -1)})))
+
+
+def test_a_plan_or_route_for_a_negative_step_is_refused():
+    with pytest.raises(ProtocolError, match="step -1"):
+        decode(encode(a_plan(step=-1)))
+    with pytest.raises(ProtocolError, match="step -1"):
+        decode(encode(Route(step=-1, source=(0,), gpos=(1,), constructor=(0,))))
+
+
+def test_a_route_is_checked_like_a_plan_but_may_discard():
+    route = Route(step=2, source=(0, 1), gpos=(5, 6), constructor=(0, DISCARD))
+    assert decode(encode(route))[0] == route
+    with pytest.raises(ProtocolError, match="different lengths"):
+        decode(encode(Route(step=2, source=(0, 1), gpos=(5,), constructor=(0, 0))))
+    with pytest.raises(ProtocolError, match="constructor -2"):
+        decode(encode(Route(step=2, source=(0,), gpos=(5,), constructor=(-2,))))
+
+
 # Every kind, with fields of the right shape: the starting points that mutations break.
 _VALID = [
     encode(Hello(role="loader", name="web/0", version=4, pid=5, sources=(0,))),
     encode(Get(rank=1, step=2, consumed=2)),
     encode(Payload(step=3, source=(1,), gpos=(9,), lengths=(2,)), [b"\x01" * 8]),
     encode(Batch(step=0, tensors=(TensorSpec("x", "int32", (2,)),)), [b"\x00" * 8]),
+    encode(a_plan()),
+    encode(Route(step=1, source=(0, 1), gpos=(5, 6), constructor=(0, DISCARD))),
 ]
 
 

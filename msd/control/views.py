@@ -1,0 +1,94 @@
+"""What ``msd status`` shows: the job, its sources, processes, ranks and Planner, as plain structs.
+
+The Planner builds a ``StatusView`` (``msd.control.view``) and sends it inside the protocol's
+``Status`` message; ``msd status``, its ``--json`` and the Prometheus endpoint read it. The field
+names are the ``--json`` keys (docs/status.md); ``StatusView.version`` versions that shape.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    state: str
+    step: int
+    planned: int
+    steps: int | None
+    steps_per_s: float
+    tokens_per_s: float
+    tokens: int
+    uptime_s: float
+    failure: str
+
+
+class SourceView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    weight: float
+    samples_per_s: float
+    tokens_per_s: float
+    samples: int
+    tokens: int
+    loaders: int
+    queue_samples: int
+    queue_tokens: int
+    errors: int
+
+
+class LoaderView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    node: str
+    pid: int
+    state: str
+    cpu_percent: float
+    cpu_seconds: float
+    pss_bytes: int
+    samples_per_s: float
+    sources: int
+
+
+class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    node: str
+    pid: int
+    state: str
+    cpu_percent: float
+    cpu_seconds: float
+    pss_bytes: int
+    ready_bytes: int
+    rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
+
+
+class RankView(msgspec.Struct, frozen=True, kw_only=True):
+    rank: int
+    constructor: str
+    step: int
+    ahead: int
+    wait_p50_ms: float
+    wait_p99_ms: float
+
+
+class PlannerView(msgspec.Struct, frozen=True, kw_only=True):
+    pid: int
+    plan_ms_p50: float
+    plan_ms_p99: float
+    balance_max_over_mean: float
+    planned_ahead: int
+    lifecycle: dict[str, int]
+    split: int
+    truncated: int
+    dropped: int
+    rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
+    empty: int = 0  # samples delivered holding no tokens (null or empty text)
+
+
+class StatusView(msgspec.Struct, frozen=True, kw_only=True):
+    version: int
+    job: JobView
+    sources: tuple[SourceView, ...]
+    loaders: tuple[LoaderView, ...]
+    constructors: tuple[ConstructorView, ...]
+    ranks: tuple[RankView, ...]
+    planner: PlannerView
+    wait_p50_ms: float
+    wait_p99_ms: float
