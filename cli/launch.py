@@ -16,7 +16,8 @@ from msd.errors import LaunchError
 from msd.jobdir import atomic_write, full_message, is_full
 from msd.launch.autopartition import plan_loaders, resolve
 from msd.launch.check import check_sources
-from msd.launch.local import INTERRUPTED, LocalJob, summary
+from msd.launch.job import INTERRUPTED, Job, summary
+from msd.launch.local import LocalJob
 from msd.launch.slurm import SlurmJob
 from msd.launch.slurm_plan import submissions
 from msd.plan.partition import loader_processes
@@ -115,7 +116,7 @@ def launch(
     if dry_run:
         _print_submissions(parsed, json_out)
         return
-    job: LocalJob | SlurmJob = (
+    job: Job = (
         SlurmJob(parsed, recipe.read_text(), run_dir, changes)
         if chosen == "slurm"
         else LocalJob(parsed, recipe.read_text(), run_dir, changes)
@@ -145,7 +146,7 @@ def resolve_auto_loaders(parsed: Recipe, json_out: bool) -> Recipe:
     return parsed
 
 
-def run_job(job: LocalJob | SlurmJob, parsed: Recipe, chosen: str, json_out: bool) -> None:
+def run_job(job: Job, parsed: Recipe, chosen: str, json_out: bool) -> None:
     """Run a prepared job to its end with live progress; the summary, or an exit code ≠ 0."""
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
     _write_loaders(job.job.root / "loaders.txt", parsed)

@@ -14,6 +14,7 @@ from msd.checkpoint.validate import snapshot_recipe
 from msd.control.history import load_history, make_change
 from msd.errors import CheckpointError
 from msd.launch.check import check_sources
+from msd.launch.job import Job
 from msd.launch.local import LocalJob
 from msd.launch.slurm import SlurmJob
 from msd.plan.schedule import MixChange
@@ -89,7 +90,7 @@ def restore(
     )
     if not json_out:
         err_console.print(f"continuing from step {snap.step} ({found.path})", highlight=False)
-    job: LocalJob | SlurmJob = (
+    job: Job = (
         SlurmJob(parsed, text, run_dir, changes, resume)
         if chosen == "slurm"
         else LocalJob(parsed, text, run_dir, changes, resume)

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
+from msd.control.squeue import cancel_jobs, job_ids
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
-from msd.launch.slurm import cancel_jobs, job_ids
 
 from .common import console, user_errors
 

@@ -23,7 +23,7 @@ from benchmarks.dataloader.metrics import measure
 from benchmarks.dataloader.packing import patience_of
 from benchmarks.dataloader.procmon import ProcessSampler, children_of
 from msd.launch import procs
-from msd.launch.local import free_port
+from msd.launch.ports import free_port
 
 TRAINER_MODULE = "benchmarks.dataloader.trainer"
 

@@ -2,56 +2,34 @@
 
 It starts the Planner, one Constructor (the node's sidecar), the loaders and the trainer ranks,
 watches all of them, and stops every one of them on every way out: success, a failed role, a
-failed trainer, Ctrl-C. The SLURM launcher places the same role entry points elsewhere.
+failed trainer, Ctrl-C. The run itself (job.json, the status loop, the outcome) is
+``msd.launch.job``'s; the SLURM launcher places the same role entry points elsewhere.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import random
-import re
 import signal
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import zmq
-
-from msd.checkpoint.format import Snapshot
-from msd.checkpoint.signing import signing_key
-from msd.checkpoint.store import CheckpointStore
 from msd.control.client import planner_socket
-from msd.control.history import write_history
 from msd.control.rescales import load_rescales
 from msd.control.shadows import fate_of_dead_loader, load_takeovers, shadows_used
-from msd.errors import LaunchError, MsdError
-from msd.jobdir import (
-    REWIND_EXIT,
-    JobDir,
-    constructor_endpoint_name,
-    full_message,
-    is_full,
-    nearly_full,
-)
+from msd.jobdir import REWIND_EXIT, constructor_endpoint_name, full_message, nearly_full
 from msd.launch import procs
+from msd.launch.job import Job, final_status, logged_error
+from msd.launch.ports import free_port
 from msd.plan.partition import loader_processes
-from msd.plan.schedule import MixChange
-from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.wire import transport
-from msd.wire.keys import create_keys
-from msd.wire.protocol import LoaderLost, Status, StatusRequest, Stop
+from msd.wire.protocol import LoaderLost, Status
 
 POLL_S = 0.1
-STATUS_EVERY_S = 0.5
-INTERRUPTED = "interrupted (Ctrl-C); every process of the job was stopped"
 
 
 @contextlib.contextmanager
@@ -74,132 +52,33 @@ def _deferred_sigint() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-@dataclass
-class Outcome:
-    ok: bool
-    message: str
-    status: Status | None
-    job: JobDir
+class LocalJob(Job):
+    cluster = "local"
+    poll_s = POLL_S
+    check_every_s = 0.0
+    finish_s = 5.0
 
-
-def new_job_dir(recipe: Recipe, run_root: Path) -> JobDir:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = run_root / f"{recipe.name}-{stamp}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return JobDir(path)
-
-
-def prepare_job(
-    recipe: Recipe,
-    recipe_text: str,
-    run_root: Path,
-    mix_history: tuple[MixChange, ...] = (),
-    resume: Snapshot | None = None,
-) -> JobDir:
-    """A new job folder holding the recipe as written and as validated (what roles read), the
-    job's key, the mix history to replay (``msd launch --mix-history``) and, for ``msd
-    restore``, the checkpoint it continues from (its first snapshot)."""
-    job = new_job_dir(recipe, run_root.resolve())
-    try:
-        job.create()
-        keys = create_keys(job.key_file)
-        (job.root / "recipe.yaml").write_text(recipe_text)
-        job.recipe_json.write_bytes(to_json(recipe))
-        if mix_history:
-            write_history(job.mix_history, recipe, mix_history)
-        if resume is not None:
-            CheckpointStore(job.checkpoints, key=signing_key(keys)).write_snapshot(resume)
-        job.write_json(job.job_json, {"start_step": resume.step if resume is not None else 0})
-    except OSError as exc:
-        if not is_full(exc):
-            raise
-        raise LaunchError(full_message(job.root, exc.filename or "")) from None
-    return job
-
-
-def write_job_state(job: JobDir, recipe: Recipe, cluster: str, state: str, **extra: Any) -> None:
-    """``job.json``: what ``msd stop`` and ``msd status`` read about a run. On a full disk it
-    is overwritten in place (a new file cannot be written); a ``LaunchError`` if even that
-    fails."""
-    data = {
-        "name": recipe.name,
-        "fingerprint": stream_fingerprint(recipe),
-        "cluster": cluster,
-        "state": state,
-        "launcher_pid": os.getpid(),
-        "launcher_host": socket.gethostname(),  # where launcher_pid can be checked
-        "start_step": job.start_step(),
-        **extra,
-    }
-    try:
-        job.write_json(job.job_json, data)
-    except OSError as exc:
-        if not is_full(exc):
-            raise
-        try:
-            job.write_json_in_place(job.job_json, data)
-        except OSError:
-            raise LaunchError(full_message(job.root, str(job.job_json))) from None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now for the trainers' rendezvous (MASTER_PORT), chosen below the kernel's
-    ephemeral range: a port the kernel hands out (to a connection's local end, or to a bind
-    to port 0) cannot take it between now and rank 0's bind."""
-    low = _ephemeral_low()
-    rng = random.Random()
-    for _ in range(64):
-        port = rng.randrange(max(1024, low - 12000), low) if low > 2048 else 0
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return int(s.getsockname()[1])
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-class LocalJob:
-    def __init__(
-        self,
-        recipe: Recipe,
-        recipe_text: str,
-        run_root: Path,
-        mix_history: tuple[MixChange, ...] = (),
-        resume: Snapshot | None = None,
-    ) -> None:
-        self.recipe = recipe
-        self.job = prepare_job(recipe, recipe_text, run_root, mix_history, resume)
+    def _setup(self) -> None:
         self.children: list[procs.Child] = []
         self.trainers: list[procs.Child] = []
         self.loader_names: set[str] = set()
-        self.rescales_seen = (0.0, 0.0)  # mtimes of JOB/loaders.json, JOB/shadows.json
         self.env = {**os.environ, "MSD_LAUNCHER_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
-        self.restarts_left = recipe.recovery.restarts
+        self.restarts_left = self.recipe.recovery.restarts
         self.recoveries: list[dict[str, Any]] = []
-        self.sock: zmq.Socket[Any] | None = None
-        self._write_job_json("starting")
 
-    def _write_job_json(self, state: str) -> None:
-        write_job_state(self.job, self.recipe, "local", state, recoveries=self.recoveries)
+    def _job_fields(self) -> dict[str, Any]:
+        return {"recoveries": self.recoveries}
 
     # -- starting -----------------------------------------------------------------------------
-    def start(self) -> None:
+    def _starting(self) -> contextlib.AbstractContextManager[None]:
+        return _deferred_sigint()
+
+    def _start_roles(self) -> None:
         self._start_data_plane()
         self._start_trainers()
-        self._write_job_json("running")
+
+    def started(self) -> dict[str, str]:
+        return {c.label: str(c.popen.pid) for c in self.children}
 
     def _start_data_plane(self) -> None:
         root = self.job.root
@@ -220,8 +99,10 @@ class LocalJob:
         for process in loader_processes(self.recipe, rescales, used):
             if process.name not in self.loader_names:
                 self.loader_names.add(process.name)
-                argv = procs.role_argv("loader", self.job.root, "--name", process.name)
-                self._role("loader", process.name, argv)
+                self._loader(process.name)
+
+    def _loader(self, name: str) -> None:
+        self._role("loader", name, procs.role_argv("loader", self.job.root, "--name", name))
 
     def _role(self, role: str, name: str, argv: list[str]) -> None:
         self.children.append(procs.start(role, name, argv, self.env, self.job.log_path(role, name)))
@@ -235,9 +116,19 @@ class LocalJob:
             if command == "demo"
             else procs.command_argv(command)
         )
+        base = self._trainer_env()
+        for rank in range(self.recipe.world_size):
+            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            log = self.job.log_path("trainer", f"rank-{rank}")
+            child = procs.start("trainer", f"rank {rank}", argv, env, log, cwd=Path.cwd())
+            self.trainers.append(child)
+            self.children.append(child)
+
+    def _trainer_env(self) -> dict[str, str]:
+        """Every rank's environment, but its own RANK and LOCAL_RANK."""
         world = self.recipe.world_size
         bin_dir = str(Path(sys.executable).parent)  # `python` in a command means msd's interpreter
-        base = {
+        return {
             **self.env,
             "PATH": os.pathsep.join([bin_dir, self.env.get("PATH", "")]),
             "MSD_JOB": str(self.job.root),
@@ -247,91 +138,50 @@ class LocalJob:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),
         }
-        for rank in range(world):
-            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            log = self.job.log_path("trainer", f"rank-{rank}")
-            child = procs.start("trainer", f"rank {rank}", argv, env, log, cwd=Path.cwd())
-            self.trainers.append(child)
-            self.children.append(child)
 
     # -- watching -----------------------------------------------------------------------------
-    def run(
-        self,
-        on_status: Callable[[Status], None],
-        on_started: Callable[[dict[str, str]], None] | None = None,
-    ) -> Outcome:
-        """Start every process (``on_started`` gets role → pid), then ``watch``; a Ctrl-C
-        during start-up stops what started."""
-        try:
-            with _deferred_sigint():
-                self.start()
-        except KeyboardInterrupt:
-            procs.stop_all(self.children)
-            self._write_job_json(final_state(INTERRUPTED))
-            return Outcome(False, INTERRUPTED, None, self.job)
-        except (MsdError, OSError) as exc:
-            if isinstance(exc, OSError) and not is_full(exc):
-                raise
-            procs.stop_all(self.children)
-            message = full_message(self.job.root) if isinstance(exc, OSError) else str(exc)
-            with contextlib.suppress(MsdError):
-                self._write_job_json("failed")
-            return Outcome(False, message, None, self.job)
-        if on_started is not None:
-            on_started({c.label: str(c.popen.pid) for c in self.children})
-        return self.watch(on_status)
+    def _connect(self) -> None:
+        self.sock = planner_socket(self.job)
 
-    def watch(self, on_status: Callable[[Status], None]) -> Outcome:
-        """Run until the trainers finish or something fails; always stop every child."""
-        status: Status | None = None
-        try:
-            self.sock = planner_socket(self.job)
-            status, failed = self._watch_loop(on_status)
-            if failed is None:
-                status = final_status(self.sock) or status
-                transport.send(self.sock, Stop(reason="trainers finished"))
-                self._wait_roles(5.0)
-                failure = None
-            else:
-                failure = self._describe_failure(failed, self.sock, status)
-        except KeyboardInterrupt:
-            failure = INTERRUPTED
-        except MsdError as exc:
-            failure = str(exc)
-        except OSError as exc:  # the launcher's own writes (job.json, a restarted role's log)
-            if not is_full(exc):
-                raise
-            failure = full_message(self.job.root)
-        finally:
-            procs.stop_all(self.children)
-            if self.sock is not None:
-                self.sock.close(linger=0)
-        try:
-            self._write_job_json(final_state(failure))
-        except LaunchError as exc:
-            failure = failure or str(exc)
-        return Outcome(failure is None, failure or "done", status, self.job)
+    def _check(self, status: Status | None) -> tuple[bool, str | None]:
+        failed = self._failed_child()
+        if failed is not None and not self._recover(failed):
+            return True, self._describe_failure(failed, status)
+        return failed is None and self._finished(status), None
 
-    def _watch_loop(
-        self, on_status: Callable[[Status], None]
-    ) -> tuple[Status | None, procs.Child | None]:
-        status: Status | None = None
-        next_ask = 0.0
-        while True:
-            failed = self._failed_child()
-            if failed is not None and not self._recover(failed):
-                return status, failed
-            if failed is None and self._finished(status):
-                return status, None
-            self._follow_rescales()
-            assert self.sock is not None
-            if time.monotonic() >= next_ask:
-                transport.send(self.sock, StatusRequest())
-                next_ask = time.monotonic() + STATUS_EVERY_S
-            reply = receive_status(self.sock, POLL_S)
-            if reply is not None:
-                status = reply
-                on_status(reply)
+    def _finished(self, status: Status | None) -> bool:
+        """The trainers msd started have exited, or (attached) consumed the whole stream."""
+        if self.trainers:
+            return all(t.popen.poll() == 0 for t in self.trainers)
+        return status is not None and status.state == "done"
+
+    def _failed_child(self) -> procs.Child | None:
+        """A child that ended when it should not have; one killed by a signal first (the
+        others may have failed because of it: trainer ranks lose their peer)."""
+        failed = []
+        for child in list(self.children):
+            code = child.popen.poll()
+            if code is None or (child in self.trainers and code == 0):
+                continue
+            if child.role == "loader" and code == 0 and self.job.retired(child.name).exists():
+                self.children.remove(child)  # replaced by a rescale, and done
+                continue
+            failed.append(child)
+        killed = [c for c in failed if (c.popen.returncode or 0) < 0]
+        return (killed or failed)[0] if failed else None
+
+    def _describe_failure(self, child: procs.Child, status: Status | None) -> str:
+        """Name the failed process; add what a role reported, asking the Planner if it lives."""
+        planner = next((c for c in self.children if c.role == "planner"), child)
+        if planner.popen.poll() is None:
+            status = final_status(self._planner(), timeout_s=1.0) or status
+        reason = f"; it reported: {status.failure}" if status and status.failure else ""
+        if not reason and child.role == "planner" and (error := logged_error(child.log)):
+            reason = f"; it reported: {error}"  # a dead Planner answers no status
+        ended = f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}"
+        if nearly_full(self.job.root):  # its log may be empty: nothing could be written
+            return f"{ended}; " + full_message(self.job.root)
+        return f"{ended}{reason}; the job was stopped. Log: {child.log}"
 
     # -- recovering ---------------------------------------------------------------------------
     def _recover(self, child: procs.Child) -> bool:
@@ -345,13 +195,7 @@ class LocalJob:
         if not rewind:
             self.restarts_left -= 1
         started = time.monotonic()
-        how = "restarted"
-        if child.role == "trainer":
-            self._restart_trainers()
-        elif child.role == "loader" and self._to_shadow(child):
-            how = "shadow"
-        else:
-            self._restart_data_plane()
+        how = self._restart_after(child)
         self.recoveries.append(
             {
                 "role": child.role,
@@ -365,6 +209,16 @@ class LocalJob:
         self._write_job_json("running")
         return True
 
+    def _restart_after(self, child: procs.Child) -> str:
+        """Restart what ``child``'s end calls for; how (``restarted`` or ``shadow``)."""
+        if child.role == "trainer":
+            self._restart_trainers()
+        elif child.role == "loader" and self._to_shadow(child):
+            return "shadow"
+        else:
+            self._restart_data_plane()
+        return "restarted"
+
     def _to_shadow(self, child: procs.Child) -> bool:
         """A dead loader process of a source with shadows: a dead shadow is started again; a
         dead loader (or a shadow that had become one) is reported to the Planner, which hands
@@ -376,9 +230,7 @@ class LocalJob:
             return False
         self.children.remove(child)
         if fate.standby:
-            self._role(
-                "loader", child.name, procs.role_argv("loader", self.job.root, "--name", child.name)
-            )
+            self._loader(child.name)
         elif self.sock is not None:
             transport.send(self.sock, LoaderLost(name=fate.loader))
         return True
@@ -404,128 +256,14 @@ class LocalJob:
         self.trainers = []
         self._start_trainers()
 
-    def _finished(self, status: Status | None) -> bool:
-        """The trainers msd started have exited, or (attached) consumed the whole stream."""
-        if self.trainers:
-            return all(t.popen.poll() == 0 for t in self.trainers)
-        return status is not None and status.state == "done"
-
-    def _follow_rescales(self) -> None:
-        """Start the loaders a rescale or a shadow's take-over added."""
-        mtimes = tuple(
-            path.stat().st_mtime if path.exists() else 0.0
-            for path in (self.job.rescales, self.job.shadows)
-        )
-        if mtimes != self.rescales_seen:
-            self.rescales_seen = (mtimes[0], mtimes[1])
-            self._start_loaders()
-
-    def _failed_child(self) -> procs.Child | None:
-        """A child that ended when it should not have; one killed by a signal first (the
-        others may have failed because of it: trainer ranks lose their peer)."""
-        failed = []
-        for child in list(self.children):
-            code = child.popen.poll()
-            if code is None or (child in self.trainers and code == 0):
-                continue
-            if child.role == "loader" and code == 0 and self.job.retired(child.name).exists():
-                self.children.remove(child)  # replaced by a rescale, and done
-                continue
-            failed.append(child)
-        killed = [c for c in failed if (c.popen.returncode or 0) < 0]
-        return (killed or failed)[0] if failed else None
-
-    def _describe_failure(
-        self, child: procs.Child, sock: zmq.Socket[Any], status: Status | None
-    ) -> str:
-        """Name the failed process; add what a role reported, asking the Planner if it lives."""
-        planner = next((c for c in self.children if c.role == "planner"), child)
-        if planner.popen.poll() is None:
-            status = final_status(sock, timeout_s=1.0) or status
-        reason = f"; it reported: {status.failure}" if status and status.failure else ""
-        if not reason and child.role == "planner" and (error := logged_error(child.log)):
-            reason = f"; it reported: {error}"  # a dead Planner answers no status
-        if nearly_full(self.job.root):  # its log may be empty: nothing could be written
-            return f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}; " + (
-                full_message(self.job.root)
-            )
-        return (
-            f"{child.label} (pid {child.popen.pid}) {child.describe_exit()}{reason}; "
-            f"the job was stopped. Log: {child.log}"
-        )
-
-    def _wait_roles(self, timeout_s: float) -> None:
+    # -- stopping -----------------------------------------------------------------------------
+    def _wait_ended(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for child in self.children:
             with contextlib.suppress(Exception):
                 child.popen.wait(max(0.0, deadline - time.monotonic()))
 
-
-_LOGGED_ERROR = re.compile(r"^msd\.errors\.\w+: (?P<message>.+)$")
-
-
-def logged_error(log: Path, tail_bytes: int = 64 * 1024) -> str:
-    """The last user error (an ``MsdError``'s sentence) a role's log ends with, or ""."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    found = [m["message"] for line in lines if (m := _LOGGED_ERROR.match(line))]
-    return found[-1] if found else ""
-
-
-def receive_status(sock: zmq.Socket[Any], timeout_s: float) -> Status | None:
-    """The Planner's next ``Status`` reply if one arrives within ``timeout_s``."""
-    if not sock.poll(int(timeout_s * 1000)):
-        return None
-    msg = transport.recv(sock)[1]
-    return msg if isinstance(msg, Status) else None
-
-
-def final_status(sock: zmq.Socket[Any], timeout_s: float = 2.0) -> Status | None:
-    """Ask the Planner for its status once more and wait for the answer."""
-    transport.send(sock, StatusRequest())
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and sock.poll(100):
-        msg = transport.recv(sock)[1]
-        if isinstance(msg, Status):
-            return msg
-    return None
-
-
-def final_state(failure: str | None) -> str:
-    """``job.json``'s state once the launcher is done: ``done``, ``stopped`` (``msd stop``,
-    Ctrl-C) or ``failed``."""
-    return "done" if failure is None else "stopped" if failure == INTERRUPTED else "failed"
-
-
-def summary(status: Status) -> dict[str, Any]:
-    """The run's figures as plain data (the CLI renders them; ``--json`` prints them)."""
-    total = max(1, sum(status.source_samples))
-    return {
-        "steps": status.consumed,
-        "tokens": status.tokens_consumed,
-        "elapsed_s": round(status.elapsed_s, 3),
-        "tokens_per_s": round(status.tokens_consumed / max(status.elapsed_s, 1e-9), 1),
-        "wait_p50_ms": round(status.wait_p50_ms, 3),
-        "wait_p99_ms": round(status.wait_p99_ms, 3),
-        "split_samples": status.split,
-        "truncated_samples": status.truncated,
-        "dropped_samples": status.dropped,
-        "empty_samples": status.empty,
-        "truncated_tokens": sum(status.truncated_tokens),
-        "truncated_tokens_by_source": {
-            n: t for n, t in zip(status.source_names, status.truncated_tokens, strict=True) if t
-        },
-        "constructor_step_bytes": status.constructor_step_bytes,
-        "lifecycle": dict(status.lifecycle),
-        "sources": {
-            n: c / total for n, c in zip(status.source_names, status.source_samples, strict=True)
-        },
-    }
-
-
-def dumps_summary(status: Status) -> str:
-    return json.dumps(summary(status), indent=2)
+    def shut_down(self) -> None:
+        procs.stop_all(self.children)
+        if self.sock is not None:
+            self.sock.close(linger=0)

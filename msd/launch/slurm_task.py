@@ -20,6 +20,7 @@ import threading
 
 import submitit
 
+from msd import logs
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
 
@@ -54,6 +55,7 @@ class RoleTask(submitit.helpers.Checkpointable):
     def __call__(self, argv: list[str]) -> None:
         role, job, extra = argv[0], argv[2], argv[3:]
         name = extra[1] if role == "loader" else role
+        logs.setup(role, name)  # the supervisor's lines go to the SLURM job's stderr
         supervise(role, job, name, *extra)
 
 
@@ -75,6 +77,7 @@ def run_trainer_task(job: str, per_node: int, command: str, master_port: int) ->
     os.environ["MSD_NODE"] = _node()
     if local == per_node:
         ranks = ",".join(str(node * per_node + r) for r in range(per_node))
+        logs.setup("constructor", _node())
         supervise("constructor", job, _node(), "--node", _node(), "--ranks", ranks)
         return
     rank = node * per_node + local

@@ -25,9 +25,9 @@ published its endpoint, however long that takes (``_await_planner``).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import sys
 import time
 
 from msd.control.client import planner_socket
@@ -37,6 +37,8 @@ from msd.jobdir import REWIND_EXIT, JobDir
 from msd.launch import incarnations, procs
 from msd.wire import transport
 from msd.wire.protocol import LoaderLost
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 STOP_GRACE_S = 2.0
@@ -173,11 +175,15 @@ class Supervisor:
         return 0
 
     def _give_up(self, cause: str, why: str) -> None:
-        log = self.job.log_path(self.role, self.name)
-        print(
-            f"{self.role} {self.name} was {cause}; {why}. Log: {log}\n{procs.tail(log, 8)}",
-            file=sys.stderr,
-            flush=True,
+        path = self.job.log_path(self.role, self.name)
+        log.error(
+            "%s %s was %s; %s. Log: %s\n%s",
+            self.role,
+            self.name,
+            cause,
+            why,
+            path,
+            procs.tail(path, 8),
         )
 
     def _follow_requeue(self) -> None:

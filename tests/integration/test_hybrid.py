@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from msd.launch.local import LocalJob, Outcome
+from msd.launch.job import Outcome
+from msd.launch.local import LocalJob
 from msd.plan.topology import Coords, Topology
 from msd.recipe.load import load_recipe
 from msd.shard import unzigzag

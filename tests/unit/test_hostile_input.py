@@ -23,7 +23,7 @@ from msd.checkpoint.store import CheckpointStore, open_checkpoint
 from msd.checkpoint.validate import snapshot_recipe
 from msd.errors import CheckpointError, LaunchError, RecipeError, SourceError
 from msd.jobdir import JobDir
-from msd.launch import local
+from msd.launch import jobfolder
 from msd.plan.schedule import constant
 from msd.plan.step import NeedData, PlannerState, StreamSpec, plan_step
 from msd.recipe import load_recipe
@@ -319,19 +319,21 @@ def test_job_json_is_marked_failed_in_place_on_a_full_disk(
 ) -> None:
     job = JobDir(tmp_path / "j")
     job.create()
-    local.write_job_state(job, good_recipe(), "local", "running")
-    monkeypatch.setattr(local.JobDir, "write_json", lambda self, path, data: no_space())
-    local.write_job_state(job, good_recipe(), "local", "failed")
+    jobfolder.write_job_state(job, good_recipe(), "local", "running")
+    monkeypatch.setattr(jobfolder.JobDir, "write_json", lambda self, path, data: no_space())
+    jobfolder.write_job_state(job, good_recipe(), "local", "failed")
     assert json.loads(job.job_json.read_text())["state"] == "failed"
-    monkeypatch.setattr(local.JobDir, "write_json_in_place", lambda self, path, data: no_space())
+    monkeypatch.setattr(
+        jobfolder.JobDir, "write_json_in_place", lambda self, path, data: no_space()
+    )
     with pytest.raises(LaunchError, match=f"the job folder {job.root} is full") as caught:
-        local.write_job_state(job, good_recipe(), "local", "failed")
+        jobfolder.write_job_state(job, good_recipe(), "local", "failed")
     assert "\n" not in str(caught.value)
 
 
 def test_a_job_that_cannot_be_prepared_on_a_full_disk_says_so(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(local, "create_keys", no_space)
+    monkeypatch.setattr(jobfolder, "create_keys", no_space)
     with pytest.raises(LaunchError, match=r"is full .*; free space there or use another --run-dir"):
-        local.prepare_job(good_recipe(), RECIPE, tmp_path / "runs")
+        jobfolder.prepare_job(good_recipe(), RECIPE, tmp_path / "runs")
