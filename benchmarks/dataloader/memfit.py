@@ -3,7 +3,7 @@
 Estimate (before a run): a baseline worker ends up holding one decoded row group of every
 source, so the baseline needs about ``R·W·(S·rg·d + worker)``, where ``d`` is what pyarrow
 allocates per byte of text it decodes (its string builders over-allocate: measured 1.6); an msd
-loader holds a window of a source's current row group (``msd.roles.loader.WINDOW_BYTES``) plus
+loader holds a window of a source's current row group (``msd.roles.loader.shard.WINDOW_BYTES``) plus
 its share of the read-ahead, so msd needs about ``S·(min(rg, window)·d + share) + processes·role``.
 The estimates only decide which points to skip; the fits are what the note reports.
 
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from msd.roles.loader import WINDOW_BYTES
+from msd.roles.loader.shard import WINDOW_BYTES
 
 DECODED_PER_TEXT_BYTE = 1.6  # pyarrow's allocation per byte of decoded text (measured)
 WORKER_BASE_BYTES = 64 * 2**20  # a forked DataLoader worker's own pages (measured: ~40-60 MiB)

@@ -12,7 +12,7 @@ import pytest
 from msd.plan.partition import Generation, Shard, find_process, generations, loader_processes, span
 from msd.plan.schedule import constant, peak_shares, schedule_of
 from msd.recipe.schema import Recipe
-from msd.roles.loader import _Visit, shard_budget
+from msd.roles.loader.shard import _Visit, shard_budget
 
 
 def recipe_with(loaders: list[int], per_process: int, **extra: Any) -> Recipe:
@@ -103,7 +103,7 @@ def test_a_visit_reads_its_rows_in_order_holding_one_window(
         visit = _Visit.of(0, 0, rows, read(), read)
         assert read_all(visit, budget) == expected
         assert visit.reads == 1  # the block (100 KB) fits one window: read once
-    monkeypatch.setattr("msd.roles.loader.WINDOW_BYTES", 4096)
+    monkeypatch.setattr("msd.roles.loader.shard.WINDOW_BYTES", 4096)
     visit = _Visit.of(0, 0, rows, read(), read)
     windows = len(visit.bounds) - 1
     assert windows > 20

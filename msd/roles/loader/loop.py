@@ -1,0 +1,222 @@
+"""The Source Loader process: its shards (``msd.roles.loader.shard``), one DEALER socket to the
+Planner and PUSH sockets to the Constructors; it reports lengths and sends payloads as routed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import zmq
+
+from msd import logs
+from msd.checkpoint.resume import first_positions, latest_state
+from msd.control.rescales import load_rescales
+from msd.control.shadows import load_takeovers, shadows_used
+from msd.jobdir import JobDir
+from msd.plan.partition import Generation, LoaderProcess, find_process, generations, span
+from msd.recipe.schema import Recipe
+from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
+from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard
+from msd.sources.index import open_source
+from msd.sources.read import RowGroupReader
+from msd.wire import transport
+from msd.wire.protocol import (
+    DISCARD,
+    Adopt,
+    Cut,
+    CutAt,
+    GenerationStart,
+    Payload,
+    Retired,
+    Route,
+    Stats,
+    Stop,
+    Want,
+    Welcome,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Loader:
+    """A loader process: its shards, one Planner connection, a PUSH socket per Constructor."""
+
+    def __init__(
+        self,
+        job: JobDir,
+        recipe: Recipe,
+        process: LoaderProcess,
+        rescales: tuple[Generation, ...] = (),
+        planner: zmq.Socket[Any] | None = None,
+        first: dict[int, int] | None = None,
+    ) -> None:
+        """``planner``: a socket to it already open (a shadow's); ``first``: the position each
+        source's shard reads from (a shadow taking a lost loader's place), else the job's
+        checkpoint says."""
+        self.job, self.recipe, self.name = job, recipe, process.name
+        self.reader = RowGroupReader(max_open_files=min(MAX_OPEN_FILES, 4 * len(process.shards)))
+        table = generations(recipe, rescales)
+        self.shards = {
+            shard.source: SourceShard(recipe, shard, self.reader, span(table, shard))
+            for shard in process.shards
+        }
+        if first is None:
+            state = latest_state(job)
+            if state is not None:  # a job continuing from a checkpoint
+                first = dict(enumerate(first_positions(state)))
+        for shard in self.shards.values():
+            if first is not None:
+                shard.resume_at(first[shard.source])
+        self.planner = planner or connect_planner(job, f"loader/{self.name}")
+        self.constructors: list[zmq.Socket[Any]] = []
+
+    def run(self) -> None:
+        sources = tuple(self.shards)
+        gens = tuple(shard.generation for shard in self.shards.values())
+        transport.send(self.planner, hello("loader", self.name, sources=sources, generations=gens))
+        poller = zmq.Poller()
+        poller.register(self.planner, zmq.POLLIN)
+        next_stats = 0.0
+        while True:
+            if time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + STATS_EVERY_S
+                transport.send(self.planner, self._stats())
+                if all(shard.retired for shard in self.shards.values()):
+                    self._retire()
+                    return
+            shard = self._next_shard()
+            for _ in dict(poller.poll(0 if shard else 100)):
+                if not self._handle(*transport.recv(self.planner)[1:]):
+                    return
+            if shard is not None:
+                started = time.perf_counter()
+                meta = shard.read_next()
+                shard.busy_s += time.perf_counter() - started
+                if meta is not None:
+                    transport.send(self.planner, meta)
+
+    def _retire(self) -> None:
+        """Every shard was replaced by a newer generation and holds nothing: leave a note for
+        the launcher (this exit is not a failure), tell the Planner, exit."""
+        marker = self.job.retired(self.name)
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(self.name)
+        transport.send(self.planner, Retired(name=self.name))
+        log.info("replaced by a newer generation; retired")
+
+    def _stats(self) -> Stats:
+        cpu_s, pss = process_usage()
+        loads = tuple(shard.load() for shard in self.shards.values())
+        host = socket.gethostname()
+        return Stats("loader", self.name, host, os.getpid(), cpu_s, pss, sources=loads)
+
+    def _next_shard(self) -> SourceShard | None:
+        """A shard the Planner waits for first, else the one with the emptiest read-ahead."""
+        best: SourceShard | None = None
+        for shard in self.shards.values():
+            if shard.waited_for:
+                return shard
+            if shard.hungry and (best is None or shard.fill < best.fill):
+                best = shard
+        return best
+
+    def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
+        if isinstance(msg, Welcome):
+            ctx, keys = transport.context(), self.job.keys()
+            self.constructors = [
+                transport.connect(ctx, zmq.PUSH, c.payload_endpoint, keys=keys)
+                for c in msg.constructors
+            ]
+        elif isinstance(msg, Route):
+            self._route(msg)
+        elif isinstance(msg, Want):
+            shard = self.shards[msg.source]
+            shard.want = max(shard.want, msg.gpos)
+        elif isinstance(msg, Cut):
+            transport.send(self.planner, CutAt(msg.source, self.shards[msg.source].cut()))
+        elif isinstance(msg, GenerationStart):
+            shard = self.shards[msg.source]
+            if shard.generation == msg.generation:
+                shard.begin(msg.start)
+            elif shard.generation < msg.generation and shard.stop is None:
+                shard.end_at(msg.start)
+        elif isinstance(msg, Stop):
+            return False
+        return True
+
+    def _route(self, msg: Route) -> None:
+        """One payload message per destination: the routed samples' tokens back to back."""
+        logs.set_step(msg.step)
+        by_dest: dict[int, list[tuple[int, int]]] = {}
+        for key in zip(msg.source, msg.gpos, msg.constructor, strict=True):
+            by_dest.setdefault(key[2], []).append(key[:2])
+        by_dest.pop(DISCARD, None)  # dropped by the plan: only forgotten
+        for dest, keys in by_dest.items():
+            tokens = [self.shards[source].held[gpos] for source, gpos in keys]
+            payload = Payload(
+                step=msg.step,
+                source=tuple(source for source, _ in keys),
+                gpos=tuple(gpos for _, gpos in keys),
+                lengths=tuple(len(t) for t in tokens),
+            )
+            buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
+            transport.send(self.constructors[dest], payload, [buffer])
+        for source, gpos in set(zip(msg.source, msg.gpos, strict=True)):
+            self.shards[source].forget(gpos)
+
+
+def stand_by(
+    job: JobDir, recipe: Recipe, process: LoaderProcess
+) -> tuple[zmq.Socket[Any], Adopt] | None:
+    """A shadow: keep the source open and report once a second until the Planner hands over a
+    lost loader's place (``Adopt``); None if the job stops first."""
+    assert process.standby is not None
+    source = process.standby
+    open_source(recipe.sources[source], f"sources[{source}]")  # its files' metadata, warm
+    planner = connect_planner(job, f"loader/{process.name}")
+    transport.send(planner, hello("loader", process.name, sources=(source,), standby=source))
+    log.info("standing by for source %s", recipe.sources[source].name)
+    next_stats = 0.0
+    while True:
+        if time.monotonic() >= next_stats:
+            next_stats = time.monotonic() + STATS_EVERY_S
+            cpu_s, pss = process_usage()
+            host = socket.gethostname()
+            transport.send(planner, Stats("loader", process.name, host, os.getpid(), cpu_s, pss))
+        if planner.poll(100):
+            msg = transport.recv(planner)[1]
+            if isinstance(msg, Adopt):
+                return planner, msg
+            if isinstance(msg, Stop):
+                return None
+
+
+def main(job: JobDir, name: str) -> None:
+    started = time.monotonic()
+    # The C library's allocator, trimmed each time a visit lets go of a block (``_Visit._take``),
+    # gives freed blocks back; Arrow's default pool keeps them, tens of MB per process with many
+    # sources.
+    pa.set_memory_pool(pa.system_memory_pool())
+    recipe = job.recipe()
+    rescales = load_rescales(job.rescales, recipe)
+    used = shadows_used(recipe, load_takeovers(job.shadows, recipe))
+    process = find_process(recipe, name, rescales, used)
+    planner, first = None, None
+    if process.standby is not None:
+        adopted = stand_by(job, recipe, process)
+        if adopted is None:
+            return
+        planner, adopt = adopted
+        rescales = load_rescales(job.rescales, recipe)
+        process = find_process(recipe, adopt.name, rescales, used)
+        first = dict(zip(process.sources, adopt.first, strict=True))
+        log.info("now loader %s, from positions %s", adopt.name, adopt.first)
+    loader = Loader(job, recipe, process, rescales, planner, first)
+    elapsed_s = time.monotonic() - started
+    log.info("loader %s (%d sources) ready in %.2f s", loader.name, len(loader.shards), elapsed_s)
+    loader.run()
