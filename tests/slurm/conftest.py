@@ -6,8 +6,11 @@ so a broken set-up cannot pass as green.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,10 @@ PARTITION = "debug"
 _HEALTHY_STATES = {"idle", "mix", "alloc", "comp"}
 _COMMAND_TIMEOUT_S = 30
 _START_HINT = "run tests/slurm/cluster/up.sh"
+_UP = Path(__file__).resolve().parent / "cluster" / "up.sh"
+_CLUSTER_DIR = Path(os.environ.get("MSD_SLURM_DIR", "/tmp/msd-slurm"))
+_UP_TIMEOUT_S = 300
+log = logging.getLogger(__name__)
 
 
 def _run(*command: str) -> str | None:
@@ -58,3 +65,36 @@ def slurm_cluster() -> tuple[str, ...]:
             pytrace=False,
         )
     pytest.skip(f"the SLURM test cluster is not up ({why}): {_START_HINT}")
+
+
+def _dead_daemons() -> list[str]:
+    """The daemons up.sh started (its pid files) that no longer run."""
+    run = _CLUSTER_DIR / "run"
+    dead = []
+    for name in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
+        try:
+            pid = int((run / f"{name}.pid").read_text())
+            alive = Path(f"/proc/{pid}/comm").read_text().strip() == name.split("-")[0]
+        except (OSError, ValueError):
+            alive = False
+        if not alive:
+            dead.append(name)
+    return dead
+
+
+@pytest.fixture(autouse=True)
+def slurm_daemons_alive() -> Iterator[None]:
+    """Before each test, a daemon of the test cluster that died (Debian's slurmd has aborted
+    on heap corruption after a job step ended) is brought back by up.sh, so one crash of the
+    test cluster does not fail every test after it. A cluster up.sh never started is left to
+    the ``slurm_cluster`` fixture."""
+    if (_CLUSTER_DIR / "run").is_dir():
+        dead = _dead_daemons()
+        if dead:
+            log.warning("the SLURM test cluster lost %s; restarting it", ", ".join(dead))
+            done = subprocess.run(
+                ["bash", str(_UP)], capture_output=True, text=True, timeout=_UP_TIMEOUT_S
+            )
+            if done.returncode != 0:
+                pytest.fail(f"up.sh could not restart the test cluster: {done.stderr[-500:]}")
+    yield
