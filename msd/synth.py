@@ -110,13 +110,14 @@ def _write_parts(table: pa.Table, directory: Path, files: int, rows_per_group: i
     paths = []
     for part, (start, stop) in enumerate(itertools.pairwise(bounds)):
         path = directory / f"part-{part:05d}.parquet"
-        _write(table.slice(int(start), int(stop - start)), path, rows_per_group)
+        write_parquet(table.slice(int(start), int(stop - start)), path, rows_per_group)
         paths.append(path)
     return paths
 
 
-def _write(table: pa.Table, path: Path, rows_per_group: int) -> None:
-    # Every option pinned, so the bytes depend only on the data (and the pyarrow version).
+def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> None:
+    """A demo Parquet file: every option pinned, so the bytes depend only on the data (and the
+    pyarrow version)."""
     pq.write_table(
         table,
         path,

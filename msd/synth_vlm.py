@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from msd.sources.index import source_key
+from msd.synth import write_parquet
 
 if TYPE_CHECKING:  # Pillow is imported where images are made: `msd` starts without it
     from PIL import Image
@@ -356,20 +356,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def _write(table: pa.Table, directory: Path, part: int, rows_per_group: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"part-{part:05d}.parquet"
-    # Every option pinned, so the bytes depend only on the data (and the pyarrow version).
-    pq.write_table(
-        table,
-        path,
-        row_group_size=rows_per_group,
-        compression="zstd",
-        compression_level=3,
-        use_dictionary=False,
-        write_statistics=["id"],
-        version="2.6",
-        data_page_version="1.0",
-        write_page_index=False,
-        store_schema=True,
-    )
+    write_parquet(table, path, rows_per_group)
     logger.debug("wrote %s", path)
     return path
 

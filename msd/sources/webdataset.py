@@ -11,13 +11,11 @@ caches the scan in a small JSON file keyed by the tar's size and modification ti
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import tarfile
-import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -25,6 +23,7 @@ from typing import BinaryIO
 import msgspec
 
 from msd.errors import SourceError
+from msd.jobdir import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -307,15 +306,7 @@ def _write_cache(cache: Path, index: TarIndex) -> None:
     text = json.dumps(msgspec.to_builtins(_Cache(CACHE_VERSION, index)), separators=(",", ":"))
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=cache.parent, prefix=f".{cache.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
-                file.write(text)
-            os.replace(temporary, cache)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        atomic_write(cache, text.encode("utf-8"))
     except OSError as exc:
         log.warning(
             "cannot write the index cache '%s' (%s); the tar will be scanned again", cache, exc

@@ -132,11 +132,18 @@ class Routing:
             for row, slots in enumerate(rank_rows):
                 for slot in slots:
                     _, sample_id, loader = self.known[slot.source][slot.gpos]
-                    entry = (dp, row, slot.source, slot.gpos, sample_id, slot.length)
+                    entry = (
+                        dp,
+                        row,
+                        slot.source,
+                        slot.gpos,
+                        sample_id,
+                        slot.length,
+                        slot.offset,
+                        slot.padded,
+                    )
                     for dest in dests:
-                        per_constructor.setdefault(dest, []).append(
-                            (*entry, slot.offset, slot.padded)
-                        )
+                        per_constructor.setdefault(dest, []).append(entry)
                     key = (slot.source, slot.gpos)
                     routes.setdefault(loader, {}).setdefault(key, set()).update(dests)
                     figures.samples[slot.source] += slot.offset == 0
