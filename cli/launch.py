@@ -84,6 +84,8 @@ def _final_table(status: Status) -> Table:
         "dropped_samples",
         "truncated_tokens",
         "empty_samples",
+        "images",
+        "skipped_images",
     ):
         table.add_row(key, f"{s[key]:,}" if isinstance(s[key], int) else f"{s[key]:,.3f}")
     return table

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -44,6 +44,16 @@ def _env_int(name: str, default: int | None = None) -> int:
     return int(value)
 
 
+def normalised(
+    pixels: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]
+) -> torch.Tensor:
+    """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std per channel."""
+    channels = pixels.reshape(pixels.shape[0], 3, -1).to(torch.float32).div_(255.0)
+    m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, 3, 1)
+    return channels.sub_(m).div_(s).reshape(pixels.shape)
+
+
 def node_name() -> str:
     """The name of this node's Constructor: MSD_NODE, else SLURM's node name, else ``local``."""
     return os.environ.get("MSD_NODE") or os.environ.get("SLURMD_NODENAME") or "local"
@@ -59,8 +69,14 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         world_size: int | None = None,
         local_rank: int | None = None,
         timeout_s: float = 600.0,
+        pixels: Literal["uint8", "float"] = "uint8",
     ) -> None:
+        """``pixels="float"``: ``pixel_values`` come as float32, scaled to [0, 1] and normalised
+        with the recipe's ``vision.mean``/``std`` (by default they stay uint8, 4× smaller, for
+        a GPU-side step to normalise)."""
         super().__init__()
+        if pixels not in ("uint8", "float"):
+            raise ValueError(f"pixels must be 'uint8' or 'float', got {pixels!r}")
         root = job if job is not None else os.environ.get("MSD_JOB")
         if root is None:
             raise LaunchError("no job given: pass msd.Client(job=...) or set MSD_JOB")
@@ -75,6 +91,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
                 f"{recipe.world_size} ranks"
             )
         self.fingerprint = stream_fingerprint(recipe)
+        self.normalise = (recipe.vision.mean, recipe.vision.std) if pixels == "float" else None
         self.timeout_s = timeout_s
         self.step = self.job.start_step()  # 0, or the step the job was restored at
         self._fetcher: _Fetcher | None = None
@@ -125,6 +142,8 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             raise ProtocolError(f"rank {self.rank} expected the batch of step {self.step}")
         self.step += 1
         fetcher.ask(self._get(self.step, consumed=self.step - 1), ahead=True)
+        if self.normalise is not None and "pixel_values" in tensors:
+            tensors["pixel_values"] = normalised(tensors["pixel_values"], *self.normalise)
         return tensors
 
     def _get(self, step: int, consumed: int) -> Get:

@@ -7,6 +7,13 @@ and ``cu_seqlens`` (the varlen attention convention, over the flattened ``rows Ã
 tokens) marks every sample and every padding run as its own sequence. ``labels`` are already
 shifted: ``labels[t]`` is the next token of the same sample, and ``IGNORE_INDEX`` at a
 sample's last token and on padding.
+
+With images (``image_token_id`` given), ``labels`` are also ``IGNORE_INDEX`` wherever the next
+token is an image placeholder (nothing learns to predict one), and the images of the pieces
+come in the order their samples appear in the rows: ``pixel_values`` [patches, patch values]
+uint8, ``image_grid_thw`` [images, 3] int64, ``vision_cu_seqlens`` [images + 1] int32 (patch
+offsets: each image is its own sequence in the encoder) and ``image_sample_ids`` /
+``image_source_ids`` [images] int64.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from msd.sample import FILLER, SampleImages
 
 IGNORE_INDEX = -100
 PAD_ID = 0
@@ -30,12 +39,19 @@ class Piece:
     tokens: np.ndarray
     padded: int = 0
     offset: int = 0
+    images: SampleImages | None = None
 
 
-def pack_rows(rows: Sequence[Sequence[Piece]], seq_len: int) -> dict[str, np.ndarray]:
+def pack_rows(
+    rows: Sequence[Sequence[Piece]],
+    seq_len: int,
+    image_token_id: int | None = None,
+    patch_values: int = 0,
+) -> dict[str, np.ndarray]:
     """Arrays ``input_ids``, ``labels``, ``position_ids`` ([rows, seq_len] int64), ``cu_seqlens``
     (int32), ``sample_ids``, ``source_ids`` and ``sample_offsets`` (int64, in row order; the
-    offset is where a piece of a split sample starts within it)."""
+    offset is where a piece of a split sample starts within it); with ``image_token_id``, the
+    image tensors too (``patch_values`` wide)."""
     num_rows = len(rows)
     input_ids = np.full((num_rows, seq_len), PAD_ID, dtype=np.int64)
     labels = np.full((num_rows, seq_len), IGNORE_INDEX, dtype=np.int64)
@@ -56,7 +72,12 @@ def pack_rows(rows: Sequence[Sequence[Piece]], seq_len: int) -> dict[str, np.nda
             position_ids[r, at:] = np.arange(seq_len - at)
             bounds.append((r + 1) * seq_len)
     pieces = [p for row in rows for p in row]
-    return {
+    vision = (
+        {}
+        if image_token_id is None
+        else _images(pieces, input_ids, labels, image_token_id, patch_values)
+    )
+    return vision | {
         "input_ids": input_ids,
         "labels": labels,
         "position_ids": position_ids,
@@ -64,4 +85,32 @@ def pack_rows(rows: Sequence[Sequence[Piece]], seq_len: int) -> dict[str, np.nda
         "sample_ids": np.array([p.sample_id for p in pieces], dtype=np.int64),
         "source_ids": np.array([p.source for p in pieces], dtype=np.int64),
         "sample_offsets": np.array([p.offset for p in pieces], dtype=np.int64),
+    }
+
+
+def _images(
+    pieces: list[Piece],
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    image_token_id: int,
+    values: int,
+) -> dict[str, np.ndarray]:
+    labels[labels == image_token_id] = IGNORE_INDEX
+    # Fillers (before an image that would have crossed a row boundary) are padding.
+    labels[(labels == FILLER) | (input_ids == FILLER)] = IGNORE_INDEX
+    input_ids[input_ids == FILLER] = PAD_ID
+    owned = [(p, p.images) for p in pieces if p.images is not None and p.images.grids]
+    grids = [g for _, images in owned for g in images.grids]
+    counts = [t * h * w for t, h, w in grids]
+    patches = [images.patches for _, images in owned]
+    return {
+        "pixel_values": np.concatenate(patches) if patches else np.zeros((0, values), np.uint8),
+        "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3),
+        "vision_cu_seqlens": np.concatenate(([0], np.cumsum(counts))).astype(np.int32),
+        "image_sample_ids": np.array(
+            [p.sample_id for p, images in owned for _ in images.grids], dtype=np.int64
+        ),
+        "image_source_ids": np.array(
+            [p.source for p, images in owned for _ in images.grids], dtype=np.int64
+        ),
     }

@@ -34,34 +34,42 @@ class Counters:
     dropped, and the tokens truncation cut off, per source (``(source, tokens)``, sorted, no
     zeros). Counted per step consumed, so a restart from a checkpoint counts each step once.
     ``empty``: samples delivered holding no tokens (null or empty text, or none after the
-    transform): they take a position of the stream and no room in a row."""
+    transform): they take a position of the stream and no room in a row. ``images``: images
+    delivered; ``skipped_images``: ``(source, images)`` of delivered samples left out
+    (undecodable, no bytes, unpaired, past ``seq_len``), sorted, no zeros."""
 
     split: int = 0
     truncated: int = 0
     dropped: int = 0
     truncated_tokens: tuple[tuple[int, int], ...] = ()
     empty: int = 0
+    images: int = 0
+    skipped_images: tuple[tuple[int, int], ...] = ()
 
     def __add__(self, other: Counters) -> Counters:
-        lost = dict(self.truncated_tokens)
-        for source, n in other.truncated_tokens:
-            lost[source] = lost.get(source, 0) + n
         return Counters(
             self.split + other.split,
             self.truncated + other.truncated,
             self.dropped + other.dropped,
-            tuple(sorted((s, n) for s, n in lost.items() if n)),
+            _add_per_source(self.truncated_tokens, other.truncated_tokens),
             self.empty + other.empty,
+            self.images + other.images,
+            _add_per_source(self.skipped_images, other.skipped_images),
         )
 
     def __bool__(self) -> bool:
         kept = (self.split, self.truncated, self.dropped, self.truncated_tokens, self.empty)
-        return any(kept)
+        return any(kept) or bool(self.images or self.skipped_images)
 
     def per_source(self, num_sources: int) -> tuple[int, ...]:
         """The tokens truncation cut off, one entry per source."""
         lost = dict(self.truncated_tokens)
         return tuple(lost.get(s, 0) for s in range(num_sources))
+
+    def skipped_per_source(self, num_sources: int) -> tuple[int, ...]:
+        """The images left out of delivered samples, one entry per source."""
+        skipped = dict(self.skipped_images)
+        return tuple(skipped.get(s, 0) for s in range(num_sources))
 
     def as_json(self) -> dict[str, Any]:
         doc = {
@@ -72,6 +80,10 @@ class Counters:
         }
         if self.empty:  # absent from files written before it: they read as 0
             doc["empty"] = self.empty
+        if self.images:  # the same
+            doc["images"] = self.images
+        if self.skipped_images:
+            doc["skipped_images"] = [list(t) for t in self.skipped_images]
         return doc
 
     @staticmethod
@@ -81,7 +93,25 @@ class Counters:
             return Counters()
         lost = tuple(sorted((int(s), int(n)) for s, n in doc.get("truncated_tokens", ())))
         empty = int(doc.get("empty", 0))
-        return Counters(int(doc["split"]), int(doc["truncated"]), int(doc["dropped"]), lost, empty)
+        skipped = tuple(sorted((int(s), int(n)) for s, n in doc.get("skipped_images", ())))
+        return Counters(
+            int(doc["split"]),
+            int(doc["truncated"]),
+            int(doc["dropped"]),
+            lost,
+            empty,
+            int(doc.get("images", 0)),
+            skipped,
+        )
+
+
+def _add_per_source(
+    a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, int], ...]:
+    total = dict(a)
+    for source, n in b:
+        total[source] = total.get(source, 0) + n
+    return tuple(sorted((s, n) for s, n in total.items() if n))
 
 
 @dataclass(frozen=True)

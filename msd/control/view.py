@@ -149,6 +149,7 @@ class JobObserver:
         lifecycle: dict[str, int],
         counts: dict[str, int],
         planner_pid: int,
+        skipped_images: tuple[int, ...] = (),
         now: float | None = None,
         rejected: dict[str, int] | None = None,
     ) -> StatusView:
@@ -183,6 +184,7 @@ class JobObserver:
                 queue_samples=int(queue_samples[s]),
                 queue_tokens=int(queue_tokens[s]),
                 errors=int(errors[s]),
+                skipped_images=skipped_images[s] if skipped_images else 0,
             )
             for s, name in enumerate(self.source_names)
         )
@@ -209,6 +211,8 @@ class JobObserver:
             dropped=counts.get("dropped", 0),
             rejected=dict(rejected or {}),
             empty=counts.get("empty", 0),
+            images=counts.get("images", 0),
+            skipped_images=counts.get("skipped_images", 0),
         )
         return StatusView(
             version=VIEW_VERSION,

@@ -33,6 +33,7 @@ class SourceView(msgspec.Struct, frozen=True, kw_only=True):
     queue_samples: int
     queue_tokens: int
     errors: int
+    skipped_images: int = 0  # images of delivered samples left out (undecodable, no bytes, ...)
 
 
 class LoaderView(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,6 +81,8 @@ class PlannerView(msgspec.Struct, frozen=True, kw_only=True):
     dropped: int
     rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
     empty: int = 0  # samples delivered holding no tokens (null or empty text)
+    images: int = 0  # images delivered
+    skipped_images: int = 0  # images of delivered samples left out
 
 
 class StatusView(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,6 +12,7 @@ from msd.plan.autopartition import Allocation, allocate
 from msd.plan.autoscale import peak_token_shares
 from msd.plan.schedule import schedule_of
 from msd.recipe.schema import LoaderOptions, Recipe, Source
+from msd.sources.fuse import fuse_spec
 from msd.sources.profile import SourceProfile, profile_source
 
 
@@ -28,7 +29,10 @@ class AutoPlan:
 
 
 def plan_loaders(recipe: Recipe) -> AutoPlan:
-    profiles = tuple(profile_source(s, f"sources[{i}]") for i, s in enumerate(recipe.sources))
+    fusing = fuse_spec(recipe)
+    profiles = tuple(
+        profile_source(s, f"sources[{i}]", fusing=fusing) for i, s in enumerate(recipe.sources)
+    )
     schedule = schedule_of(recipe)
     lengths = [p.tokens_per_sample for p in profiles]
     # over the whole schedule: after its last breakpoint nothing changes

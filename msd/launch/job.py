@@ -280,6 +280,11 @@ def summary(status: Status) -> dict[str, Any]:
         "truncated_samples": status.truncated,
         "dropped_samples": status.dropped,
         "empty_samples": status.empty,
+        "images": status.images,
+        "skipped_images": sum(status.skipped_images),
+        "skipped_images_by_source": {
+            n: k for n, k in zip(status.source_names, status.skipped_images, strict=False) if k
+        },
         "truncated_tokens": sum(status.truncated_tokens),
         "truncated_tokens_by_source": {
             n: t for n, t in zip(status.source_names, status.truncated_tokens, strict=True) if t

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from msd.errors import MsdError
 from msd.plan.long_samples import loss, warning
 from msd.recipe.schema import Recipe
+from msd.sources.fuse import fuse_spec
 from msd.sources.profile import SourceProfile, profile_source
 
 PROFILE_BUDGET_S = 3.0  # at most this long profiling for the warnings (launch waits for it)
@@ -38,7 +39,9 @@ def long_sample_warnings(
         if profile is None and time.monotonic() < deadline:
             left = deadline - time.monotonic()
             try:
-                profile = profile_source(source, f"sources[{i}]", max_s=min(1.0, left))
+                profile = profile_source(
+                    source, f"sources[{i}]", max_s=min(1.0, left), fusing=fuse_spec(recipe)
+                )
             except MsdError:  # a transform that fails: the loader reports it, with its name
                 continue
         if profile is None:

@@ -95,6 +95,38 @@ def placement(
     return chosen
 
 
+def hybrid_placement(
+    lengths: np.ndarray,
+    backbone: np.ndarray,
+    encoder: np.ndarray,
+    num_ranks: int,
+    micro_batches: int,
+    rows_per_micro_batch: int,
+    row_tokens: int,
+    method: Method = "greedy",
+) -> np.ndarray:
+    """``placement`` by the encoder + backbone cost of each sample (the ``sum`` objective).
+
+    The split balanced on the sum is compared with the one balanced on the backbone alone,
+    both judged by the sum: the backbone's is kept only if it places more samples, or as many
+    at a lower slowest-rank cost. So weighing the encoder never makes a step slower than
+    balancing its tokens alone would (nor than ``none``: ``placement`` guarantees that).
+    """
+    total = np.asarray(backbone, dtype=np.float64) + np.asarray(encoder, dtype=np.float64)
+    shape = Shape(num_ranks, micro_batches, rows_per_micro_batch, row_tokens)
+    args = (num_ranks, micro_batches, rows_per_micro_batch, row_tokens, method)
+    by_sum = placement(lengths, total, *args)
+    if method == "none" or not np.any(encoder):
+        return by_sum
+    by_backbone = placement(lengths, backbone, *args)
+    placed_sum, placed_backbone = np.count_nonzero(by_sum >= 0), np.count_nonzero(by_backbone >= 0)
+    if placed_backbone != placed_sum:
+        return by_backbone if placed_backbone > placed_sum else by_sum
+    worst_sum = float(rank_loads(shape, by_sum, total).max(initial=0.0))
+    worst_backbone = float(rank_loads(shape, by_backbone, total).max(initial=0.0))
+    return by_backbone if worst_backbone < worst_sum else by_sum
+
+
 def balance_greedy(
     lengths: np.ndarray, costs: np.ndarray, num_ranks: int, rows_per_rank: int, row_tokens: int
 ) -> Assignment:

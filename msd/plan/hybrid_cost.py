@@ -30,6 +30,11 @@ class HybridCost:
     enc_attn: float = 1.0
     enc_lin: float = 256.0
 
+    def images(self, patches: np.ndarray) -> float:
+        """The encoder's cost of one sample's images (``patches``: each one's patch count)."""
+        p = np.asarray(patches, dtype=np.float64)
+        return float(np.sum(self.enc_attn * p * p + self.enc_lin * p))
+
     def encoder(self, patches: np.ndarray, owner: np.ndarray, samples: int) -> np.ndarray:
         """Each sample's encoder cost: the sum over its images (``patches[i]`` patches, of
         sample ``owner[i]``); 0 for a sample without images."""

@@ -31,4 +31,4 @@ def stream_spec(
 
 def topology_of(recipe: Recipe) -> Topology:
     d = recipe.distribute
-    return Topology(d.dp, d.pp, d.cp, d.tp, d.order)
+    return Topology(d.dp, d.pp, d.cp, d.tp, d.order, vision=recipe.has_images)

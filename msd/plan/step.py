@@ -24,13 +24,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from msd.plan.balance import Method, placement
+from msd.plan.balance import Method, hybrid_placement, placement
 from msd.plan.cost import CostModel
 from msd.plan.mix import SourceDraws, step_rng
 from msd.plan.rows import RowPacker, best_fit_rows, deal_rows
 from msd.plan.schedule import Schedule
 
 Lookup = Callable[[int, int], "int | None"]
+# The vision encoder's cost of each piece (source, gpos, length; 0 without images): what a rank
+# pays beyond the backbone's cost of its tokens under the ``sum`` objective.
+EncoderCost = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 LongSamples = str  # "split" | "truncate" | "drop"
 
 
@@ -360,9 +363,10 @@ def _select(
 
 
 def plan_step(
-    spec: StreamSpec, state: PlannerState, lookup: Lookup
+    spec: StreamSpec, state: PlannerState, lookup: Lookup, encoder: EncoderCost | None = None
 ) -> tuple[StepPlan, PlannerState] | NeedData | EndOfStream:
-    """Plan ``state.step``; returns the plan and the state after it."""
+    """Plan ``state.step``; returns the plan and the state after it. ``encoder``: the vision
+    encoder's cost of samples with images, balanced together with the backbone's."""
     if spec.steps is not None and state.step >= spec.steps:
         return EndOfStream(state.step)
     selected = _select(spec, state, lookup)
@@ -374,18 +378,24 @@ def plan_step(
         return EndOfStream(state.step)
     lost = tuple(sorted(sel.truncated_tokens.items()))
     counts = Counts(sel.split, sel.truncated, len(sel.dropped), lost, sel.empty)
-    placed = _in_rows(spec, columns, _split_over_ranks(spec, columns[4]))
+    extra = None if encoder is None else encoder(columns[0], columns[1], columns[2])
+    placed = _in_rows(spec, columns, _split_over_ranks(spec, columns[4], extra))
     plan = StepPlan(state.step, placed, spec.rows_per_rank, counts, tuple(sel.dropped))
     return plan, PlannerState(state.step + 1, tuple(cursors), tuple(sel.misfits))
 
 
-def _split_over_ranks(spec: StreamSpec, padded: np.ndarray) -> np.ndarray:
+def _split_over_ranks(
+    spec: StreamSpec, padded: np.ndarray, extra: np.ndarray | None = None
+) -> np.ndarray:
     """The global row of each piece: balanced; if the balancer cannot place them all, the rows
     packed during selection, dealt whole."""
     costs = spec.cost(padded)
-    row_of = placement(
-        padded, costs, spec.dp, spec.micro_batches, spec.micro_batch_size, spec.seq_len, spec.method
-    )
+    shape = (spec.dp, spec.micro_batches, spec.micro_batch_size, spec.seq_len, spec.method)
+    if extra is None:
+        row_of = placement(padded, costs, *shape)
+    else:
+        row_of = hybrid_placement(padded, costs, extra, *shape)
+        costs = costs + extra
     if np.any(row_of < 0):
         members = best_fit_rows(padded.tolist(), spec.global_rows, spec.seq_len)
         dealt = deal_rows(members, costs, spec.dp, spec.rows_per_rank, spec.micro_batch_size)

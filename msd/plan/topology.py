@@ -16,6 +16,14 @@ DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 INPUTS = ("input_ids", "position_ids")
 LABELS = ("labels",)
 METADATA = ("cu_seqlens", "sample_ids", "source_ids", "sample_offsets")
+# What the vision encoder needs: it runs on the first pipeline stage only.
+VISION = (
+    "pixel_values",
+    "image_grid_thw",
+    "vision_cu_seqlens",
+    "image_sample_ids",
+    "image_source_ids",
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ class Topology:
     cp: int = 1
     tp: int = 1
     order: tuple[str, ...] = DEFAULT_ORDER
+    vision: bool = False  # the job has image sources
 
     @property
     def world_size(self) -> int:
@@ -61,11 +70,13 @@ class Topology:
         return rank
 
     def tensors(self, coords: Coords) -> tuple[str, ...]:
-        """What a rank receives: the first stage the inputs, the last the labels, every stage
-        the metadata; a middle stage no token tensors at all."""
+        """What a rank receives: the first stage the inputs (and the images), the last the
+        labels, every stage the metadata; a middle stage no token tensors at all."""
         names: list[str] = []
         if coords.pp == 0:
             names += INPUTS
+            if self.vision:
+                names += VISION
         if coords.pp == self.pp - 1:
             names += LABELS
             if "position_ids" not in names:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from msd.recipe.plan_checks import check_plan
-from msd.recipe.schema import Recipe, Source, Transform
+from msd.recipe.schema import Recipe, Source, Transform, Vision
 
 # Source names end up in file names, metric labels and checkpoint keys, so keep them plain.
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -40,6 +40,8 @@ def check_recipe(recipe: Recipe) -> list[Problem]:
     for i, source in enumerate(recipe.sources):
         problems += _check_source(f"sources[{i}]", source)
     problems += _check_batch(recipe) + _check_steps(recipe) + _check_rest(recipe)
+    if recipe.has_images:
+        problems += check_vision(recipe.vision, recipe.seq_len)
     return problems + [Problem(*p) for p in check_plan(recipe)]
 
 
@@ -112,7 +114,7 @@ def _check_source(key: str, source: Source) -> list[Problem]:
     problems = _finite_at_least_0(f"{key}.weight", source.weight, "set a non-negative weight")
     if not source.path:
         problems.append(Problem(f"{key}.path", "is empty; set a glob of Parquet files"))
-    problems += _check_columns(key, source)
+    problems += _check_columns(key, source) + _check_images(key, source)
     problems += _check_transform(f"{key}.transform", source.transform)
     fix = "keep 0 or more hot-standby loaders"
     problems += _at_least(f"{key}.shadows", source.shadows, 0, fix)
@@ -129,8 +131,64 @@ def _finite_at_least_0(key: str, value: float, fix: str) -> list[Problem]:
     return _at_least(key, value, 0, fix)
 
 
+def _check_images(key: str, source: Source) -> list[Problem]:
+    """An image source: WebDataset shards (images by extension) or Parquet with an image column,
+    and text (not token ids) beside the images."""
+    problems = []
+    if source.format == "webdataset" and source.image_column is not None:
+        fix = "WebDataset images are the members named by image_exts; remove image_column"
+        problems.append(Problem(f"{key}.image_column", f"is for Parquet sources; {fix}"))
+    if source.has_images and source.token_column is not None:
+        fix = "an image source needs text_column (its text is tokenized around the images)"
+        problems.append(Problem(f"{key}.token_column", f"cannot be used with images; {fix}"))
+    if source.image_column == "":
+        problems.append(Problem(f"{key}.image_column", "is empty; name a column of images"))
+    if source.format == "webdataset" and not [e for e in source.image_exts if e.strip(".")]:
+        fix = "list the image members' extensions, e.g. [jpg, png]"
+        problems.append(Problem(f"{key}.image_exts", f"is empty; {fix}"))
+    return problems
+
+
+def check_vision(vision: Vision, seq_len: int) -> list[Problem]:
+    """The image geometry is one an encoder can use, and an image can fit a row."""
+    problems = []
+    for name in ("patch_size", "merge_size", "temporal_patch_size"):
+        problems += _at_least(f"vision.{name}", getattr(vision, name), 1, "use at least 1")
+    if problems:
+        return problems
+    factor = vision.patch_size * vision.merge_size
+    if not factor**2 <= vision.min_pixels <= vision.max_pixels:
+        fix = f"set {factor}² = {factor**2} <= min_pixels <= max_pixels"
+        got = f"got {vision.min_pixels} and {vision.max_pixels}"
+        problems.append(Problem("vision.min_pixels", f"is out of order ({got}); {fix}"))
+    smallest = vision.min_pixels // factor**2 or 1
+    if smallest > seq_len:
+        fix = "lower vision.min_pixels or raise seq_len"
+        problems.append(
+            Problem(
+                "vision.min_pixels", f"makes every image {smallest} tokens, over seq_len; {fix}"
+            )
+        )
+    if not 0 <= vision.image_token_id < 2**31:
+        fix = "use a token id of the vocabulary (below 2**31)"
+        problems.append(Problem("vision.image_token_id", f"is {vision.image_token_id}; {fix}"))
+    for name in ("mean", "std"):
+        values = getattr(vision, name)
+        low = 0.0 if name == "mean" else 1e-12
+        if not all(math.isfinite(v) and v >= low for v in values):
+            kind = "finite and >= 0" if name == "mean" else "finite and > 0"
+            problems.append(Problem(f"vision.{name}", f"must be {kind} per channel, got {values}"))
+    return problems
+
+
 def _check_columns(key: str, source: Source) -> list[Problem]:
     text, token = source.text_column, source.token_column
+    if source.format == "webdataset" and token is None:
+        return (
+            []
+            if text != ""
+            else [Problem(f"{key}.text_column", "is empty; name the text extension")]
+        )
     if text is None and token is None:
         fix = "set text_column (raw text) or token_column (token ids)"
         return [Problem(f"{key}.text_column", f"is missing and so is token_column; {fix}")]

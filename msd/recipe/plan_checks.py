@@ -132,7 +132,12 @@ def _check_cost(recipe: Recipe) -> list[Problem]:
     cost = recipe.cost
     problems = [
         Problem(f"cost.{name}", f"must be a finite number >= 0, got {value}; use e.g. 1.0")
-        for name, value in (("attn", cost.attn), ("lin", cost.lin))
+        for name, value in (
+            ("attn", cost.attn),
+            ("lin", cost.lin),
+            ("enc_attn", cost.enc_attn),
+            ("enc_lin", cost.enc_lin),
+        )
         if not math.isfinite(value) or value < 0
     ]
     if cost.function is not None and ":" not in cost.function:

@@ -28,21 +28,53 @@ class Transform(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One data source: Parquet files matched by ``path`` (a glob).
+    """One data source: Parquet files, or WebDataset ``.tar`` shards, matched by ``path`` (a glob).
 
+    format: ``parquet``, or ``webdataset`` (a sample = the members of one key; ``text_column``
+        names the text member's extension, default ``txt``; ``image_exts`` the image members').
+    image_column: a Parquet column of images (binary, the Hugging Face Image struct
+        ``{bytes, path}``, or a list of either for interleaved documents); with it each sample
+        is text + images, the text marking where each image goes (``vision.marker``).
     shadows: hot-standby loader processes with the source open; one takes over the work of a
-    loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
+        loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
     """
 
     name: str
     path: str
     weight: float
+    format: Literal["parquet", "webdataset"] = "parquet"
     text_column: str | None = None
     token_column: str | None = None
+    image_column: str | None = None
+    image_exts: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     transform: Transform = Transform()
     repeat: bool = True
     loaders: int | Literal["auto"] = 1
     shadows: int = 0
+
+    @property
+    def has_images(self) -> bool:
+        return self.format == "webdataset" or self.image_column is not None
+
+
+class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How the images of image sources become patches and placeholder tokens (Qwen2-VL's
+    defaults): resized to sides that are multiples of ``patch_size × merge_size`` with an area
+    in ``[min_pixels, max_pixels]``, cut into ``patch_size``² patches; each image takes
+    ``patches / merge_size²`` tokens ``image_token_id`` at its ``marker`` in the text (without
+    markers the images precede the text). ``mean``/``std``: what ``Client(pixels="float")``
+    normalises with (per channel, of values in [0, 1]).
+    """
+
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 14 * 14 * 4 * 1280
+    temporal_patch_size: int = 1
+    image_token_id: int = 151655
+    marker: str = "<image>"
+    mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 
 
 class Distribute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -91,11 +123,14 @@ class Mix(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
 
 class Cost(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Per-sample cost from metadata: ``attn·len² + lin·len``, or ``function`` (``module:fn``)
-    mapping an int64 array of lengths to a float array of costs."""
+    mapping an int64 array of lengths to a float array of costs. A sample with images adds
+    the vision encoder's cost, ``enc_attn·p² + enc_lin·p`` per image of ``p`` patches."""
 
     attn: float = 1.0
     lin: float = 256.0
     function: str | None = None
+    enc_attn: float = 1.0
+    enc_lin: float = 256.0
 
 
 class Balance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -108,6 +143,9 @@ class Balance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 
     method: Literal["greedy", "karmarkar_karp", "none"] = "greedy"
     long_samples: Literal["split", "truncate", "drop"] = "split"
+    # What a rank's cost is: ``sum`` of the vision encoder's and the backbone's (both run on
+    # every rank), or the ``backbone``'s alone (what balancing by tokens gives).
+    objective: Literal["sum", "backbone"] = "sum"
 
 
 class Autoscale(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -262,6 +300,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     mix: Mix = Mix()
     cost: Cost = Cost()
     balance: Balance = Balance()
+    vision: Vision = Vision()
     loader: LoaderOptions = LoaderOptions()
     constructor: ConstructorOptions = ConstructorOptions()
     metrics: MetricsOptions = MetricsOptions()
@@ -280,6 +319,10 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     def rows_per_rank(self) -> int:
         """Packed rows of ``seq_len`` tokens each DP rank receives per step."""
         return self.global_batch_tokens // (self.distribute.dp * self.seq_len)
+
+    @property
+    def has_images(self) -> bool:
+        return any(s.has_images for s in self.sources)
 
     @property
     def micro_batches(self) -> int:
@@ -307,10 +350,18 @@ def stream_fingerprint(recipe: Recipe) -> str:
                 "token_column": s.token_column,
                 "transform": msgspec.to_builtins(s.transform),
                 "repeat": s.repeat,
+                # Image fields only where a source has images: text recipes keep their hash.
+                **(
+                    {"format": s.format, "image_column": s.image_column, "exts": s.image_exts}
+                    if s.has_images
+                    else {}
+                ),
             }
             for s in recipe.sources
         ],
     }
+    if recipe.has_images:
+        stream["vision"] = msgspec.to_builtins(recipe.vision)
     blob = json.dumps(stream, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -25,7 +25,8 @@ from msd.pack import Piece, pack_rows
 from msd.plan.spec import topology_of
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
-from msd.roles.intake import Intake, Key
+from msd.roles.intake import Intake, Key, Sample
+from msd.sample import SampleImages
 from msd.shard import cp_slice
 from msd.wire import transport
 from msd.wire.protocol import (
@@ -62,6 +63,10 @@ class Constructor:
         self.node = node
         self.ranks = ranks
         self.topology = topology_of(recipe)
+        self.vision = recipe.has_images
+        self.image_token = recipe.vision.image_token_id if self.vision else None
+        v = recipe.vision
+        self.patch_values = 3 * v.temporal_patch_size * v.patch_size**2
         self.coords = {rank: self.topology.coords(rank) for rank in ranks}
         self.groups: dict[tuple[int, int], list[int]] = {}
         for rank, c in self.coords.items():
@@ -149,11 +154,12 @@ class Constructor:
         if any(not 0 <= s < len(self.recipe.sources) for s in msg.source):
             self.rejects.count("invalid", "a payload names a source the job does not have")
             return
-        tokens = np.frombuffer(buffers[0], dtype=np.int32)  # a view: no copy
-        bounds = np.cumsum((0, *msg.lengths))
+        if msg.images and (not self.vision or msg.patch_values != self.patch_values):
+            self.rejects.count("invalid", "a payload carries images this job cannot have")
+            return
         keys = list(zip(msg.source, msg.gpos, strict=True))
-        samples = [tokens[bounds[i] : bounds[i + 1]] for i in range(len(keys))]
-        self.intake.add(msg.step, keys, samples, buffers[0].nbytes)
+        size = sum(b.nbytes for b in buffers)
+        self.intake.add(msg.step, keys, payload_samples(msg, buffers), size)
         self._maybe_build(msg.step)
 
     def horizon(self) -> int:
@@ -190,7 +196,8 @@ class Constructor:
         rows = self._rows(plan, self.intake.take(step))
         size = 0
         for dp, cp_rank in self.groups:
-            arrays = cp_slice(pack_rows(rows[dp], self.recipe.seq_len), self.topology.cp, cp_rank)
+            packed = pack_rows(rows[dp], self.recipe.seq_len, self.image_token, self.patch_values)
+            arrays = cp_slice(packed, self.topology.cp, cp_rank)
             self.ready[(dp, cp_rank, step)] = arrays
             size += sum(a.nbytes for a in arrays.values())
         self.step_bytes = max(self.step_bytes, size)
@@ -202,7 +209,7 @@ class Constructor:
         self.intake.forget_below(self.built_upto)
         self._answer_parked()
 
-    def _rows(self, plan: Plan, payloads: dict[Key, np.ndarray]) -> dict[int, list[list[Piece]]]:
+    def _rows(self, plan: Plan, payloads: dict[Key, Sample]) -> dict[int, list[list[Piece]]]:
         rows: dict[int, list[list[Piece]]] = {
             dp: [[] for _ in range(self.recipe.rows_per_rank)] for dp, _ in self.groups
         }
@@ -218,9 +225,22 @@ class Constructor:
             strict=True,
         )
         for dp, row, source, gpos, sample_id, length, offset, padded in pieces:
-            tokens = payloads[(source, gpos)][offset : offset + length]
-            rows[dp][row].append(Piece(source, sample_id, tokens, padded, offset))
+            tokens, images = payloads[(source, gpos)]
+            piece = tokens[offset : offset + length]
+            if images is not None and len(piece) < len(tokens):  # a piece of a split sample
+                images = self._images_within(tokens, images, offset, offset + length)
+            rows[dp][row].append(Piece(source, sample_id, piece, padded, offset, images))
         return rows
+
+    def _images_within(
+        self, tokens: np.ndarray, images: SampleImages, start: int, stop: int
+    ) -> SampleImages | None:
+        """The images whose placeholders lie in tokens ``start .. stop`` of their sample (an
+        image is never cut: its sample was split at text positions)."""
+        assert self.image_token is not None
+        begins = images.starts(tokens, self.image_token, self.recipe.vision.merge_size)
+        first, last = np.searchsorted(begins, [start, stop]).tolist()
+        return images.subset(first, last) if last > first else None
 
     # -- serving ------------------------------------------------------------------------------
     def _drain_clients(self) -> None:
@@ -339,11 +359,34 @@ class Constructor:
             self.waits.clear()
 
 
+def payload_samples(msg: Payload, buffers: list[memoryview]) -> list[Sample]:
+    """Each sample of a payload: views on its frames (no copy), its images if it has any."""
+    tokens = np.frombuffer(buffers[0], dtype=np.int32)
+    bounds = np.cumsum((0, *msg.lengths)).tolist()
+    images: list[SampleImages | None] = [None] * len(msg.gpos)
+    if msg.images:
+        grids = np.array(msg.grids, dtype=np.int64).reshape(-1, 3)
+        patches = np.frombuffer(buffers[1], dtype=np.uint8).reshape(-1, msg.patch_values)
+        first = np.cumsum((0, *msg.images)).tolist()
+        rows = np.cumsum(np.concatenate(([0], grids[:, 1] * grids[:, 2]))).tolist()
+        for i, n in enumerate(msg.images):
+            if n:
+                own = grids[first[i] : first[i] + n]
+                span = patches[rows[first[i]] : rows[first[i] + n]]
+                images[i] = SampleImages(span, tuple((t, h, w) for t, h, w in own.tolist()))
+    return [(tokens[bounds[i] : bounds[i + 1]], images[i]) for i in range(len(msg.gpos))]
+
+
 def early_cap_bytes(recipe: Recipe, groups: int) -> int:
-    """How many bytes of payloads a Constructor keeps for steps not planned yet: the tokens of
-    its rows over the whole planning window, eight times over, and at least 64 MiB."""
+    """How many bytes of payloads a Constructor keeps for steps not planned yet: the tokens (and
+    at most the patches they stand for) of its rows over the whole planning window, eight times
+    over, and at least 64 MiB."""
     window = 2 * recipe.constructor.prefetch_steps + 8
-    step_bytes = groups * recipe.rows_per_rank * recipe.seq_len * 4
+    per_token = 4
+    if recipe.has_images:  # a placeholder token brings merge_size² patches with it
+        v = recipe.vision
+        per_token += v.merge_size**2 * 3 * v.temporal_patch_size * v.patch_size**2
+    step_bytes = groups * recipe.rows_per_rank * recipe.seq_len * per_token
     return max(EARLY_CAP_MIN_BYTES, 8 * window * step_bytes)
 
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from msd.sample import SampleImages
 from msd.wire.rejects import Rejects
 
 Key = tuple[int, int]  # (source, gpos)
+Sample = tuple[np.ndarray, SampleImages | None]  # its tokens, and its images if it has any
 
 
 class Intake:
@@ -29,7 +31,7 @@ class Intake:
         self.rejects = rejects
         self.early_cap_bytes = early_cap_bytes
         self.missing: dict[int, set[Key]] = {}  # planned step → samples not received yet
-        self.held: dict[int, dict[Key, np.ndarray]] = {}  # step → tokens received for it
+        self.held: dict[int, dict[Key, Sample]] = {}  # step → samples received for it
         self.early: dict[int, int] = {}  # unplanned step → bytes of the frames kept for it
 
     @property
@@ -39,18 +41,18 @@ class Intake:
     def planned(self, step: int) -> bool:
         return step in self.missing
 
-    def add(self, step: int, keys: list[Key], samples: list[np.ndarray], frame_bytes: int) -> None:
+    def add(self, step: int, keys: list[Key], samples: list[Sample], frame_bytes: int) -> None:
         """The samples of one payload for ``step`` (``samples`` are views on its frame)."""
         held = self.held.setdefault(step, {})
         missing = self.missing.get(step)
         kept = 0
-        for key, tokens in zip(keys, samples, strict=True):
+        for key, sample in zip(keys, samples, strict=True):
             if key in held:
                 continue  # a second copy: the first stays
             if missing is not None and key not in missing:
                 self.rejects.count("unplanned", f"step {step} does not need sample {key}")
                 continue
-            held[key] = tokens
+            held[key] = sample
             kept += 1
             if missing is not None:
                 missing.discard(key)
@@ -72,8 +74,8 @@ class Intake:
     def complete(self, step: int) -> bool:
         return not self.missing.get(step, True)
 
-    def take(self, step: int) -> dict[Key, np.ndarray]:
-        """The tokens of a complete step; the intake forgets the step."""
+    def take(self, step: int) -> dict[Key, Sample]:
+        """The samples of a complete step; the intake forgets the step."""
         del self.missing[step]
         return self.held.pop(step, {})
 

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
@@ -19,8 +20,10 @@ import pyarrow.parquet as pq
 
 from msd.errors import SourceError
 from msd.recipe.schema import Source
+from msd.sources.webdataset import TarIndex, load_or_build_index
 
 ColumnKind = Literal["text", "tokens"]
+DEFAULT_TEXT_EXT = "txt"  # a WebDataset sample's text member, unless text_column names another
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,13 @@ class SourceIndex:
     row_groups: tuple[RowGroup, ...]
     row_starts: tuple[int, ...]
     num_rows: int
+    format: str = "parquet"
+    image_column: str | None = None
+    problems: tuple[str, ...] = ()  # what the WebDataset shard indexes found (samples left out)
+
+    @property
+    def has_images(self) -> bool:
+        return self.format == "webdataset" or self.image_column is not None
 
 
 def source_key(name: str) -> int:
@@ -52,11 +62,14 @@ def source_key(name: str) -> int:
 
 
 def open_source(source: Source, key: str) -> SourceIndex:
-    """Index ``source`` from Parquet footers; ``key`` is its recipe path, e.g. ``sources[1]``."""
+    """Index ``source`` from Parquet footers (WebDataset: shard headers); ``key`` is its recipe
+    path, e.g. ``sources[1]``."""
+    if source.format == "webdataset":
+        return _open_webdataset(source, key)
     column, kind = _column(source, key)
     files = _expand(source, key)
     groups: list[RowGroup] = []
-    holds_text = False
+    holds_text = source.image_column is not None  # an image-only row is a sample too
     for path in files:
         found, text = _file_row_groups(source, key, path, column, kind)
         groups.extend(found)
@@ -82,7 +95,92 @@ def open_source(source: Source, key: str) -> SourceIndex:
         row_groups=tuple(groups),
         row_starts=starts[:-1],
         num_rows=starts[-1],
+        image_column=source.image_column,
     )
+
+
+def _open_webdataset(source: Source, key: str) -> SourceIndex:
+    files = _expand(source, key)
+    groups, problems = webdataset_groups(source, key, files)
+    starts = tuple(itertools.accumulate((g.num_rows for g in groups), initial=0))
+    return SourceIndex(
+        name=source.name,
+        column=text_ext(source),
+        column_kind="text",
+        files=files,
+        row_groups=tuple(groups),
+        row_starts=starts[:-1],
+        num_rows=starts[-1],
+        format="webdataset",
+        problems=tuple(problems),
+    )
+
+
+def cache_dir() -> Path:
+    """Where WebDataset shard indexes are cached."""
+    root = os.environ.get("MSD_CACHE_DIR")
+    return Path(root) / "webdataset" if root else Path.home() / ".cache" / "msd" / "webdataset"
+
+
+def text_ext(source: Source) -> str:
+    return (source.text_column or DEFAULT_TEXT_EXT).lower()
+
+
+def tar_index(source: Source, path: str) -> TarIndex:
+    return load_or_build_index(path, cache_dir(), (text_ext(source),))
+
+
+def webdataset_groups(
+    source: Source, key: str, files: tuple[str, ...]
+) -> tuple[list[RowGroup], list[str]]:
+    """One row group per shard (its samples), and the problems the shards' indexes found."""
+    groups, problems = [], []
+    for path in files:
+        index = tar_index(source, path)
+        problems += [f"{path}: {p}" for p in index.problems]
+        problems += [f"{path}: {s.key}: {p}" for s in index.samples for p in s.problems]
+        if index.samples:
+            groups.append(RowGroup(path, 0, len(index.samples)))
+    if not groups:
+        raise SourceError(
+            f"source '{source.name}' ({key}.path): the {len(files)} WebDataset shard(s) matching "
+            f"'{source.path}' hold no samples; point the path at non-empty .tar files"
+        )
+    return groups, problems
+
+
+def check_image_column(source: Source, key: str, path: str, schema: pa.Schema) -> None:
+    """An image column holds binary, ``{bytes, ...}`` structs, or lists of either."""
+    column = source.image_column
+    assert column is not None
+    if schema.get_field_index(column) < 0:
+        names = ", ".join(schema.names) or "none"
+        raise SourceError(
+            f"source '{source.name}' ({key}.image_column): '{path}' has no column '{column}' "
+            f"(it has: {names}); set image_column to one of them"
+        )
+    typ = schema.field(column).type
+    inner = typ.value_type if pa.types.is_list(typ) or pa.types.is_large_list(typ) else typ
+    if _is_binary(inner) or (pa.types.is_struct(inner) and bytes_field(inner) is not None):
+        return
+    raise SourceError(
+        f"source '{source.name}' ({key}.image_column): '{path}' column "
+        f"'{source.image_column}' is {typ}, not binary, an image struct with a binary 'bytes' "
+        "field, or a list of those"
+    )
+
+
+def bytes_field(typ: pa.StructType) -> str | None:
+    """The name of a struct's binary ``bytes`` field (the Hugging Face Image struct's)."""
+    for i in range(typ.num_fields):
+        field = typ.field(i)
+        if field.name == "bytes" and _is_binary(field.type):
+            return str(field.name)
+    return None
+
+
+def _is_binary(typ: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(typ) or pa.types.is_large_binary(typ))
 
 
 def _column(source: Source, key: str) -> tuple[str, ColumnKind]:
@@ -123,6 +221,8 @@ def _file_row_groups(
             f"({_reason(exc)}); fix or remove it, or narrow the glob"
         ) from exc
     _check_column(source, key, path, schema, column, kind)
+    if source.image_column is not None:
+        check_image_column(source, key, path, schema)
     groups = [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
     return groups, kind == "tokens" or _may_hold_text(meta, column)
 

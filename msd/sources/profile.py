@@ -12,9 +12,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from msd.recipe.schema import Source
-from msd.sources.index import open_source
+from msd.sources.fuse import Fuser, FuseSpec
+from msd.sources.image_rows import ImageRowReader
+from msd.sources.index import RowGroup, open_source
 from msd.sources.read import RowGroupReader
-from msd.sources.transforms import make_transform
+from msd.sources.transforms import Ids, make_transform
+from msd.sources.vision import ImageGeometry
 
 
 @dataclass(frozen=True)
@@ -36,19 +39,39 @@ class SourceProfile:
 
 
 def profile_source(
-    spec: Source, where: str, max_samples: int = 512, max_s: float = 1.0
+    spec: Source,
+    where: str,
+    max_samples: int = 512,
+    max_s: float = 1.0,
+    fusing: FuseSpec | None = None,
 ) -> SourceProfile:
     """Read row groups from the start until ``max_samples`` rows (or ``max_s`` seconds of
-    tokenizing) and tokenize them as a loader would."""
+    tokenizing) and tokenize them as a loader would; an image source's images are decoded too
+    (``fusing``: how its samples are made; decoding is most of what it costs)."""
     index = open_source(spec, where)
     tokenize = make_transform(spec.transform, index.column_kind)
     reader = RowGroupReader()
+    if index.has_images:
+        images = ImageRowReader(spec, index, reader)
+        fuser = Fuser(tokenize, fusing or FuseSpec(ImageGeometry(), 0, "<image>", 1 << 30), False)
+
+        def read(rg: RowGroup) -> pa.Array:
+            return images.read(rg)
+
+        def tokenize(column: pa.Array) -> list[Ids]:
+            return fuser(column)[0]
+
+    else:
+
+        def read(rg: RowGroup) -> pa.Array:
+            return reader.read(rg, index.column)
+
     samples = tokens = text_bytes = 0
     read_s = transform_s = 0.0
     lengths: list[int] = []
     for rg in index.row_groups:
         started = time.perf_counter()
-        column = reader.read(rg, index.column)
+        column = read(rg)
         read_s += time.perf_counter() - started
         column = column.slice(0, max_samples - samples)
         text_bytes += _nbytes(column)

@@ -142,6 +142,14 @@ class _Samples:
             self.members.pop(parts[0], None)
             self.flags.pop(parts[0], None)
 
+    def drop_last(self) -> None:
+        """The shard stops early: its last sample may lack members after the cut, so it goes."""
+        if self.members:
+            key = next(reversed(self.members))
+            del self.members[key]
+            self.flags.pop(key, None)
+            self.problems.append(f"sample '{key}' may be cut short with the shard; dropped")
+
     def index(self, path: Path, stat: os.stat_result) -> TarIndex:
         samples = tuple(
             TarSample(key, members, tuple(self.flags.get(key, ())))
@@ -189,6 +197,7 @@ def _walk(tar: tarfile.TarFile, samples: _Samples, size_bytes: int) -> int | Non
             last = f"member '{info.name}'"
     except tarfile.TarError as exc:
         samples.problems.append(f"unreadable tar data after {last} ({exc}); the rest is dropped")
+        samples.drop_last()
         return None
     return tar.offset
 
@@ -229,6 +238,7 @@ def _check_end(file: BinaryIO, end: int, samples: _Samples) -> None:
         samples.problems.append(f"the file is cut inside the member header at byte {end}")
     else:
         samples.problems.append(f"unreadable member header at byte {end}; the rest is dropped")
+    samples.drop_last()
 
 
 def _flag_missing_text(index: TarIndex, text_exts: Collection[str]) -> TarIndex:

@@ -1,6 +1,7 @@
 """The built-in demo trainer: reads batches with ``msd.Client`` and "computes" for a time
-proportional to its batch's attention cost, then waits for every other rank (a gloo barrier,
-as a data-parallel gradient all-reduce does), so a slow rank slows every rank.
+proportional to its batch's attention cost (and its vision encoder's), then waits for every
+other rank (a gloo barrier, as a data-parallel gradient all-reduce does), so a slow rank slows
+every rank.
 
 Each step it appends one JSON line to ``JOB/trainer/rank-R.jsonl``: a digest of the batch's
 tensors, the sample and source ids it got, its token count and how long it waited for data;
@@ -42,6 +43,14 @@ def attention_cost(cu_seqlens: torch.Tensor) -> float:
     """Σ len² over the batch's sequences (what varlen attention computes)."""
     lens = np.diff(cu_seqlens.numpy().astype(np.float64))
     return float(np.square(lens).sum())
+
+
+def encoder_cost(batch: dict[str, torch.Tensor]) -> float:
+    """Σ patches² over the batch's images (the vision encoder's attention, per image); 0 for
+    a rank that gets no images."""
+    if "vision_cu_seqlens" not in batch:
+        return 0.0
+    return attention_cost(batch["vision_cu_seqlens"])
 
 
 def real_tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -87,7 +96,7 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> 
         for batch in client:
             wait_ms = client.last_wait_s * 1000
             started = time.perf_counter()
-            cost = attention_cost(batch["cu_seqlens"])
+            cost = attention_cost(batch["cu_seqlens"]) + encoder_cost(batch)
             record = {
                 "step": client.step - 1,
                 "node": node_name(),
@@ -101,6 +110,10 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> 
                 "time": round(time.time(), 6),
                 "cost": cost,
             }
+            if "image_sample_ids" in batch:
+                record["image_sample_ids"] = batch["image_sample_ids"].tolist()
+                record["image_source_ids"] = batch["image_source_ids"].tolist()
+                record["patches"] = int(batch["pixel_values"].shape[0])
             log.write(json.dumps(record) + "\n")
             log.flush()  # a line per step, as it happens: `tail -f` and tests read it live
             if save:

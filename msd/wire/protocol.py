@@ -18,7 +18,7 @@ import numpy as np
 from msd.control.views import StatusView
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 6  # 6: Plan carries columns, not tuples of slots
+PROTOCOL_VERSION = 7  # 7: Meta, Payload and SourceLoad carry images
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -89,12 +89,20 @@ class Welcome(_Msg, frozen=True, tag=int(Kind.WELCOME)):
 
 
 class Meta(_Msg, frozen=True, tag=int(Kind.META)):
-    """Loader → Planner: lengths of the samples at positions ``gpos_start ...`` of one source."""
+    """Loader → Planner: lengths of the samples at positions ``gpos_start ...`` of one source.
+
+    For an image source, ``images[i]`` is how many images sample i holds and ``patches`` the
+    patch count of every image, sample after sample (empty for a text source); ``lengths`` are
+    then of the fused sequence, image placeholder tokens included.
+    """
 
     source: int
     gpos_start: int
     lengths: tuple[int, ...]
     sample_ids: tuple[int, ...]
+    images: tuple[int, ...] = ()
+    patches: tuple[int, ...] = ()
+    skipped: tuple[int, ...] = ()  # per sample: its images left out (``msd.sources.fuse``)
 
 
 class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
@@ -120,13 +128,20 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     """Loader → Constructor: the token ids of some samples for one step; sample i is position
     ``gpos[i]`` of source ``source[i]``. One per loader process, step and constructor.
 
-    One int32 buffer follows: the samples' tokens back to back, ``lengths`` long each.
+    One int32 buffer follows: the samples' tokens back to back, ``lengths`` long each. With
+    images, a second, uint8 buffer: their patches back to back, image after image in sample
+    order; sample i holds ``images[i]`` of them (all 0, or empty, for text), image k has grid
+    ``grids[3k : 3k + 3]`` (frames, patch rows, patch columns), so ``rows × columns`` patches of
+    ``patch_values`` bytes.
     """
 
     step: int
     source: tuple[int, ...]
     gpos: tuple[int, ...]
     lengths: tuple[int, ...]
+    images: tuple[int, ...] = ()
+    grids: tuple[int, ...] = ()
+    patch_values: int = 0
 
 
 class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
@@ -237,6 +252,8 @@ class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
     view: StatusView | None = None
     truncated_tokens: tuple[int, ...] = ()  # per source: tokens truncation cut off
     empty: int = 0  # samples delivered holding no tokens (null or empty text)
+    images: int = 0  # images delivered
+    skipped_images: tuple[int, ...] = ()  # per source: images of delivered samples left out
 
 
 class SourceLoad(msgspec.Struct, frozen=True, array_like=True):
@@ -249,6 +266,9 @@ class SourceLoad(msgspec.Struct, frozen=True, array_like=True):
     held_tokens: int
     errors: int = 0
     busy_s: float = 0.0  # wall time spent reading and tokenizing it
+    images_read: int = 0
+    # (what, how many): images and samples left out as they were read, e.g. an undecodable image
+    skipped: tuple[tuple[str, int], ...] = ()
 
 
 class RankLoad(msgspec.Struct, frozen=True, array_like=True):
@@ -498,8 +518,10 @@ def _check_columns(msg: Route | Plan) -> None:
 def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
     if isinstance(msg, Route | Plan):
         _check_columns(msg)
+    if isinstance(msg, Meta):
+        _check_meta(msg)
     if isinstance(msg, Payload):
-        expected = 1
+        expected = 2 if msg.images else 1
         _check_payload(msg, buffers)
     elif isinstance(msg, Batch):
         expected = len(msg.tensors)
@@ -526,3 +548,34 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
         raise ProtocolError("a payload has a negative step, position or length")
     if buffers and buffers[0].nbytes != 4 * sum(msg.lengths):
         raise ProtocolError(f"a payload of {n} samples does not match its buffer")
+    if not msg.images:
+        if msg.grids:
+            raise ProtocolError("a payload without images lists image grids")
+        return
+    if len(msg.images) != n or min(msg.images) < 0 or len(msg.grids) != 3 * sum(msg.images):
+        raise ProtocolError(
+            f"a payload of {n} samples lists {len(msg.images)} image counts and "
+            f"{len(msg.grids)} grid values"
+        )
+    if msg.patch_values <= 0 or (msg.grids and min(msg.grids) <= 0):
+        raise ProtocolError("a payload has an image grid or patch size below 1")
+    grids = np.array(msg.grids, dtype=np.int64).reshape(-1, 3)
+    size = int(np.sum(grids[:, 1] * grids[:, 2], dtype=np.float64)) * msg.patch_values
+    if len(buffers) > 1 and buffers[1].nbytes != size:
+        raise ProtocolError(f"a payload's images take {buffers[1].nbytes} bytes, expected {size}")
+
+
+def _check_meta(msg: Meta) -> None:
+    n = len(msg.lengths)
+    if len(msg.sample_ids) != n or min((*msg.lengths, *msg.sample_ids, msg.gpos_start, 0)) < 0:
+        raise ProtocolError(f"a Meta of {n} lengths has {len(msg.sample_ids)} ids, or one below 0")
+    if msg.images or msg.patches:
+        if len(msg.images) != n or min(msg.images) < 0 or len(msg.patches) != sum(msg.images):
+            raise ProtocolError(
+                f"a Meta of {n} samples lists {len(msg.images)} image counts and "
+                f"{len(msg.patches)} patch counts"
+            )
+        if msg.patches and min(msg.patches) < 1:
+            raise ProtocolError("a Meta lists an image of no patches")
+    if msg.skipped and (len(msg.skipped) != n or min(msg.skipped) < 0):
+        raise ProtocolError(f"a Meta of {n} samples lists {len(msg.skipped)} skipped counts")

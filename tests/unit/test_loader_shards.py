@@ -12,7 +12,7 @@ import pytest
 from msd.plan.partition import Generation, Shard, find_process, generations, loader_processes, span
 from msd.plan.schedule import constant, peak_shares, schedule_of
 from msd.recipe.schema import Recipe
-from msd.roles.loader.shard import _Visit, shard_budget
+from msd.roles.loader.shard import _Visit, cell_sizes, shard_budget
 
 
 def recipe_with(loaders: list[int], per_process: int, **extra: Any) -> Recipe:
@@ -99,12 +99,18 @@ def test_a_visit_reads_its_rows_in_order_holding_one_window(
     def read() -> pa.Array:  # the block as the file gives it, each time
         return pa.array(texts.to_pylist())
 
+    def visit_of(column: pa.Array) -> _Visit:
+        def rows_of(wanted: np.ndarray) -> pa.Array:
+            return read().take(pa.array(wanted))
+
+        return _Visit.of(0, 0, rows, cell_sizes(column), rows_of, column)
+
     for budget in (1, 700, 10**9):
-        visit = _Visit.of(0, 0, rows, read(), read)
+        visit = visit_of(read())
         assert read_all(visit, budget) == expected
         assert visit.reads == 1  # the block (100 KB) fits one window: read once
     monkeypatch.setattr("msd.roles.loader.shard.WINDOW_BYTES", 4096)
-    visit = _Visit.of(0, 0, rows, read(), read)
+    visit = visit_of(read())
     windows = len(visit.bounds) - 1
     assert windows > 20
     held = []
@@ -113,7 +119,7 @@ def test_a_visit_reads_its_rows_in_order_holding_one_window(
         held.append(visit.held_bytes())
     assert max(held) < 4096 + 400 + 8 * 500  # a window's text (and offsets), never the block
     assert visit.reads == windows  # read again for each window
-    assert read_all(_Visit.of(0, 0, rows, read(), read), 333) == expected
+    assert read_all(visit_of(read()), 333) == expected
 
 
 def test_rescales_add_processes_and_split_the_visits_once() -> None:

@@ -39,10 +39,13 @@ sources:
     weight: 0.3
     loaders: 2
 """
-SOURCE_KEYS = "name, path, weight, text_column, token_column, transform, repeat, loaders, shadows"
+SOURCE_KEYS = (
+    "name, path, weight, format, text_column, token_column, image_column, image_exts, transform, "
+    "repeat, loaders, shadows"
+)
 TOP_KEYS = (
     "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "
-    "mix, cost, balance, loader, "
+    "mix, cost, balance, vision, loader, "
     "constructor, metrics, checkpoint, recovery, trainer, cluster, slurm"
 )
 

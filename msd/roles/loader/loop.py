@@ -9,6 +9,7 @@ import socket
 import time
 from typing import Any
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import zmq
@@ -157,17 +158,32 @@ class Loader:
             by_dest.setdefault(key[2], []).append(key[:2])
         by_dest.pop(DISCARD, None)  # dropped by the plan: only forgotten
         for dest, keys in by_dest.items():
-            tokens = [self.shards[source].held[gpos] for source, gpos in keys]
-            payload = Payload(
-                step=msg.step,
-                source=tuple(source for source, _ in keys),
-                gpos=tuple(gpos for _, gpos in keys),
-                lengths=tuple(len(t) for t in tokens),
-            )
-            buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
-            transport.send(self.constructors[dest], payload, [buffer])
+            payload, buffers = self._payload(msg.step, keys)
+            transport.send(self.constructors[dest], payload, buffers)
         for source, gpos in set(zip(msg.source, msg.gpos, strict=True)):
             self.shards[source].forget(gpos)
+
+    def _payload(self, step: int, keys: list[tuple[int, int]]) -> tuple[Payload, list[np.ndarray]]:
+        """The tokens of these samples back to back, and their images' patches if any."""
+        tokens = [self.shards[source].held[gpos] for source, gpos in keys]
+        buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
+        pixels = [self.shards[source].pixels.get(gpos) for source, gpos in keys]
+        payload = Payload(
+            step=step,
+            source=tuple(source for source, _ in keys),
+            gpos=tuple(gpos for _, gpos in keys),
+            lengths=tuple(len(t) for t in tokens),
+        )
+        held = [p for p in pixels if p is not None]
+        if not held:
+            return payload, [buffer]
+        payload = msgspec.structs.replace(
+            payload,
+            images=tuple(0 if p is None else len(p.grids) for p in pixels),
+            grids=tuple(n for p in held for grid in p.grids for n in grid),
+            patch_values=int(held[0].patches.shape[1]),
+        )
+        return payload, [buffer, np.concatenate([p.patches for p in held])]
 
 
 def stand_by(

@@ -23,7 +23,10 @@ from msd.plan.order import EpochOrder, make_blocks
 from msd.plan.partition import Shard
 from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
-from msd.sources.index import SourceIndex, open_source, source_key
+from msd.sample import SampleImages
+from msd.sources.fuse import Fuser, fuse_spec
+from msd.sources.image_rows import ImageRowReader, read_block, row_sizes
+from msd.sources.index import RowGroup, SourceIndex, open_source, source_key
 from msd.sources.read import RowGroupReader
 from msd.sources.transforms import make_transform
 from msd.wire.protocol import (
@@ -46,6 +49,8 @@ MAX_OPEN_FILES = 64
 
 def cell_sizes(column: pa.Array) -> np.ndarray:
     """Bytes (text) or ids (token lists) of each cell: what tokenizing it will cost."""
+    if pa.types.is_struct(column.type):
+        return row_sizes(column)
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         sizes = pc.list_value_length(column)
     else:
@@ -78,12 +83,13 @@ def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
 class _Visit:
     """A block being tokenized chunk by chunk, in visiting order.
 
-    Of its text only one window is held: the next rows in visiting order, about
-    ``WINDOW_BYTES``. Once a window is tokenized the block is read again (``read``: from the
-    page cache, decoded, the next window taken, the rest let go). A light source keeps its block
-    open for thousands of steps; it costs a window, not a row group, and the block is decoded
-    ``size / WINDOW_BYTES`` times instead of once (a few ns per token). Positions are global:
-    ``gpos_start + k`` for the k-th row of the visit, block row ``rows[k]``.
+    Of its rows only one window is held: the next rows in visiting order, about
+    ``window_bytes``. Once a window is tokenized the next is read (``read``: the block's rows
+    asked for, in that order; a Parquet row group comes from the page cache, decoded, the
+    rows taken, the rest let go). A light source keeps its block open for thousands of steps;
+    it costs a window, not a row group, and a text block is decoded ``size / WINDOW_BYTES``
+    times instead of once (a few ns per token). Positions are global: ``gpos_start + k`` for
+    the k-th row of the visit, block row ``rows[k]``.
     """
 
     gpos_start: int
@@ -91,7 +97,7 @@ class _Visit:
     rows: np.ndarray
     sizes: np.ndarray
     bounds: list[int]  # window w holds visit rows bounds[w] .. bounds[w + 1]
-    read: Callable[[], pa.Array]
+    read: Callable[[np.ndarray], pa.Array]
     window: pa.Array | None = None
     current: int = -1  # the window held
     at: int = 0
@@ -102,18 +108,25 @@ class _Visit:
         gpos_start: int,
         first_row: int,
         rows: np.ndarray,
-        column: pa.Array,
-        read: Callable[[], pa.Array],
+        block_sizes: np.ndarray,
+        read: Callable[[np.ndarray], pa.Array],
+        column: pa.Array | None = None,
+        window_bytes: int | None = None,
     ) -> _Visit:
-        """The visit of ``rows`` (block-local, in visiting order) of a block's ``column``, as
-        just read by ``read``."""
+        """The visit of ``rows`` (block-local, in visiting order) of a block whose rows cost
+        ``block_sizes`` (bytes: what tokenizing each will cost); ``read(rows)`` reads rows;
+        ``column``: the whole block, just read (its first window is taken from it)."""
         # An empty cell costs its row: a column of null cells is read in bounded chunks too.
-        sizes = np.maximum(cell_sizes(column)[rows], 1)
+        sizes = np.maximum(block_sizes[rows], 1)
         bounds = [0]
         while bounds[-1] < len(rows):
-            bounds.append(chunk_end(sizes, bounds[-1], WINDOW_BYTES))
-        visit = _Visit(gpos_start, first_row, rows, sizes, bounds, read, reads=1)
-        visit._take(column, 0)
+            bounds.append(chunk_end(sizes, bounds[-1], window_bytes or WINDOW_BYTES))
+        visit = _Visit(gpos_start, first_row, rows, sizes, bounds, read)
+        if column is not None:
+            visit.window = column.take(pa.array(rows[: bounds[1]]))
+            visit.current, visit.reads = 0, 1
+            del column
+            pa.default_memory_pool().release_unused()
         return visit
 
     @property
@@ -129,7 +142,9 @@ class _Visit:
         w = bisect.bisect_right(self.bounds, self.at) - 1
         if w != self.current or self.window is None:
             self.reads += 1
-            self._take(self.read(), w)
+            self.window = self.read(self.rows[self.bounds[w] : self.bounds[w + 1]])
+            self.current = w
+            pa.default_memory_pool().release_unused()  # the block as read: about 1 ms to return
         assert self.window is not None
         start, end = self.at, min(chunk_end(self.sizes, self.at, budget), self.bounds[w + 1])
         text = self.window.slice(start - self.bounds[w], end - start)
@@ -137,12 +152,6 @@ class _Visit:
         if end == self.bounds[w + 1]:
             self.window = None  # tokenized: let it go
         return start, self.rows[start:end], text
-
-    def _take(self, column: pa.Array, w: int) -> None:
-        self.window = column.take(pa.array(self.rows[self.bounds[w] : self.bounds[w + 1]]))
-        self.current = w
-        del column
-        pa.default_memory_pool().release_unused()  # the block as read: about 1 ms to return
 
 
 class SourceShard:
@@ -169,6 +178,12 @@ class SourceShard:
         )
         self.key = source_key(spec.name)
         self.tokenize = make_transform(spec.transform, self.src.column_kind)
+        self.images: ImageRowReader | None = None
+        self.fuser: Fuser | None = None
+        if self.src.has_images:
+            self.images = ImageRowReader(spec, self.src, reader)
+            self.fuser = Fuser(self.tokenize, fuse_spec(recipe), spec.format == "webdataset")
+        self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index
         self.frozen = False
@@ -289,7 +304,11 @@ class SourceShard:
         room = self.chunk_bytes if self.waited_for else self.budget - self.held_tokens
         start, rows, text = visit.next_chunk(min(self.chunk_bytes, room))
         started = time.perf_counter()
-        tokens = self.tokenize(text)
+        pixels: list[SampleImages | None] = []
+        if self.fuser is not None:
+            tokens, pixels = self.fuser(text)
+        else:
+            tokens = self.tokenize(text)
         per_byte = (time.perf_counter() - started) / max(
             1, int(visit.sizes[start : start + len(tokens)].sum())
         )
@@ -302,11 +321,24 @@ class SourceShard:
             self.held_tokens += _held_cost(t)
             self.tokens_read += len(t)
         self.samples_read += len(tokens)
+        images: tuple[int, ...] = ()
+        patches: tuple[int, ...] = ()
+        skipped: tuple[int, ...] = ()
+        if self.fuser is not None:
+            for offset, p in enumerate(pixels):
+                if p is not None:
+                    self.pixels[gpos_start + offset] = p
+            images = tuple(0 if p is None else len(p.grids) for p in pixels)
+            patches = tuple(n for p in pixels if p is not None for n in p.counts)
+            skipped = tuple(self.fuser.skipped_per_sample)
         return Meta(
             source=self.source,
             gpos_start=gpos_start,
             lengths=tuple(len(t) for t in tokens),
             sample_ids=tuple(int(r) for r in visit.first_row + rows),
+            images=images,
+            patches=patches,
+            skipped=skipped,
         )
 
     def load(self) -> SourceLoad:
@@ -317,10 +349,13 @@ class SourceShard:
             len(self.held),
             self.held_tokens,
             busy_s=self.busy_s,
+            images_read=0 if self.fuser is None else self.fuser.images_read,
+            skipped=() if self.fuser is None else tuple(sorted(self.fuser.skips.items())),
         )
 
     def forget(self, gpos: int) -> None:
         self.held_tokens -= _held_cost(self.held.pop(gpos))
+        self.pixels.pop(gpos, None)
 
     def _open_visit(self) -> _Visit | None:
         """Read (not yet tokenize) the column of this shard's next block."""
@@ -331,13 +366,41 @@ class SourceShard:
         self.next_v += self.stride
         block = self.blocks[int(order.block_perm[k])]
         groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
-
-        def read() -> pa.Array:
-            return pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
-
         rows = order.rows_of_visit(k) - block.first_row
         gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
-        visit = _Visit.of(gpos_start, block.first_row, rows, read(), read)
+        visit = self._visit(groups, gpos_start, block.first_row, rows)
         if gpos_start < self.skip_below < gpos_start + len(rows):
             visit.at = self.skip_below - gpos_start
         return visit
+
+    def _visit(
+        self, groups: tuple[RowGroup, ...], gpos_start: int, first_row: int, rows: np.ndarray
+    ) -> _Visit:
+        images = self.images
+        if images is None:  # text: a row group's column, read again for each window
+
+            def read_text() -> pa.Array:
+                return pa.concat_arrays([self.reader.read(rg, self.src.column) for rg in groups])
+
+            column = read_text()
+            sizes = cell_sizes(column)
+            return _Visit.of(
+                gpos_start, first_row, rows, sizes, lambda r: read_text().take(pa.array(r)), column
+            )
+        shard_sizes = [images.sizes(rg) for rg in groups]
+        if all(size is not None for size in shard_sizes):  # WebDataset: rows read one by one
+            sizes = np.concatenate([s for s in shard_sizes if s is not None])
+            return _Visit.of(
+                gpos_start, first_row, rows, sizes, lambda r: read_block(images, groups, r)
+            )
+        # Parquet images: the block is read whole anyway, so it is one window.
+        block = read_block(images, groups, np.arange(sum(rg.num_rows for rg in groups)))
+        return _Visit.of(
+            gpos_start,
+            first_row,
+            rows,
+            row_sizes(block),
+            lambda r: read_block(images, groups, r),
+            block,
+            window_bytes=1 << 62,
+        )

@@ -22,6 +22,7 @@ from msd.control.rescales import load_rescales
 from msd.control.view import JobObserver
 from msd.errors import ProtocolError, SourceError
 from msd.jobdir import JobDir
+from msd.plan.hybrid_cost import HybridCost
 from msd.plan.lifecycle import SampleGraph
 from msd.plan.partition import loader_processes
 from msd.plan.spec import topology_of
@@ -88,7 +89,9 @@ class PlannerCore:
         rescales = load_rescales(job.rescales, recipe)
         expected = {p.name for p in loader_processes(recipe, rescales) if p.standby is None}
         self.registry = Registry(expected, topology_of(recipe), self.start.step)
-        self.routing = Routing(len(recipe.sources), self.out)
+        hybrid = HybridCost(enc_attn=recipe.cost.enc_attn, enc_lin=recipe.cost.enc_lin)
+        self.routing = Routing(len(recipe.sources), self.out, hybrid.images)
+        self.balance_encoder = recipe.has_images and recipe.balance.objective == "sum"
         self.scaling = Scaling(job, recipe, self.out, self.registry, self.observer, rescales)
         self.failover = Failover(job, recipe, self.out, self.registry, self.routing, self.observer)
         self.graph = SampleGraph(window=max(64, 4 * recipe.constructor.prefetch_steps))
@@ -270,7 +273,8 @@ class PlannerCore:
         limit = self.consumed + self.recipe.constructor.prefetch_steps
         while self.num_steps is None and self.state.step < limit:
             started = time.perf_counter()
-            result = plan_step(self.stream.spec, self.state, self.routing.lookup)
+            encoder = self.routing.encoder_costs if self.balance_encoder else None
+            result = plan_step(self.stream.spec, self.state, self.routing.lookup, encoder)
             if isinstance(result, NeedData):
                 self.routing.blocked = (result.source, result.gpos)
                 self.routing.want(result, self.registry.serving)

@@ -67,8 +67,15 @@ class Ledger:
         self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
         self.step_figures[plan.step] = figures
         done = plan.counts
+        skipped = enumerate(figures.skipped.tolist())
         self.step_counters[plan.step] = Counters(
-            done.split, done.truncated, done.dropped, done.truncated_tokens, done.empty
+            done.split,
+            done.truncated,
+            done.dropped,
+            done.truncated_tokens,
+            done.empty,
+            int(figures.images.sum()),
+            tuple((s, n) for s, n in skipped if n),
         )
 
     def log_consumed(self, consumed: int) -> bool:

@@ -54,6 +54,8 @@ class StepFigures:
     def __init__(self, sources: int) -> None:
         self.samples = np.zeros(sources, dtype=np.int64)
         self.tokens = np.zeros(sources, dtype=np.int64)
+        self.images = np.zeros(sources, dtype=np.int64)  # delivered
+        self.skipped = np.zeros(sources, dtype=np.int64)  # images left out of delivered samples
 
 
 class Routing:
@@ -62,9 +64,15 @@ class Routing:
     samples → the step and Constructors they are for), ``wanted`` (source → the furthest
     position asked for), ``blocked`` (the sample planning waits for)."""
 
-    def __init__(self, sources: int, out: Outbox) -> None:
+    def __init__(self, sources: int, out: Outbox, encoder: Callable[[np.ndarray], float]) -> None:
+        """``encoder``: the vision encoder's cost of a sample's images (their patch counts)."""
         self.out = out
         self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {i: {} for i in range(sources)}
+        # source → gpos → the encoder's cost, of reported samples that have images
+        self.vision: dict[int, dict[int, float]] = {i: {} for i in range(sources)}
+        # source → gpos → (images kept, images left out), of reported samples with either
+        self.image_counts: dict[int, dict[int, tuple[int, int]]] = {i: {} for i in range(sources)}
+        self.encoder = encoder
         self.inflight: dict[int, Routes] = {}
         self.reroute: dict[Key, tuple[int, tuple[int, ...]]] = {}
         self.wanted: dict[int, int] = {}
@@ -74,6 +82,21 @@ class Routing:
         """A sample's length, if a loader reported it."""
         entry = self.known[source].get(gpos)
         return None if entry is None else entry[0]
+
+    def encoder_costs(
+        self, sources: np.ndarray, gpos: np.ndarray, lengths: np.ndarray
+    ) -> np.ndarray:
+        """The encoder's cost of each piece ``lengths`` long of a (source, gpos) sample: the
+        sample's, shared out over its pieces by length; 0 for samples without images."""
+        vision, known = self.vision, self.known
+        costs = []
+        for s, g, n in zip(sources.tolist(), gpos.tolist(), lengths.tolist(), strict=True):
+            cost = vision[s].get(g)
+            costs.append(0.0 if cost is None else cost * n / max(1, known[s][g][0]))
+        return np.array(costs, dtype=np.float64)
+
+    def has_images(self) -> bool:
+        return any(self.vision.values())
 
     def still_blocked(self) -> bool:
         """Planning stopped at a sample that is still not reported: it would stop again."""
@@ -89,7 +112,9 @@ class Routing:
         """Keep what planning needs; route a lost loader's samples to where they were going;
         tell the loader to discard what was placed already (before a restart, or by a lost
         loader)."""
-        known = self.known[msg.source]
+        known, vision = self.known[msg.source], self.vision[msg.source]
+        patches = np.array(msg.patches, dtype=np.int64)
+        first = np.cumsum((0, *msg.images)).tolist() if msg.images else []
         unneeded = []
         rerouted: dict[int, list[tuple[int, int, int]]] = {}
         for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
@@ -101,6 +126,12 @@ class Routing:
                 unneeded.append(gpos)
             else:
                 known[gpos] = (length, sample_id, identity)
+                if first and first[offset + 1] > first[offset]:
+                    vision[gpos] = self.encoder(patches[first[offset] : first[offset + 1]])
+                kept = msg.images[offset] if msg.images else 0
+                skipped = msg.skipped[offset] if msg.skipped else 0
+                if kept or skipped:
+                    self.image_counts[msg.source][gpos] = (kept, skipped)
         for step, entries in rerouted.items():
             self.out.send(identity, route_message(step, entries))
         if unneeded:
@@ -148,6 +179,10 @@ class Routing:
                     routes.setdefault(loader, {}).setdefault(key, set()).update(dests)
                     figures.samples[slot.source] += slot.offset == 0
                     figures.tokens[slot.source] += slot.length
+                    counted = self.image_counts[slot.source].get(slot.gpos)
+                    if counted is not None and slot.offset == 0:
+                        figures.images[slot.source] += counted[0]
+                        figures.skipped[slot.source] += counted[1]
         for source, gpos in plan.dropped:
             loader = self.known[source][gpos][2]
             routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
@@ -161,6 +196,8 @@ class Routing:
         for loader, by_key in routes.items():  # one Route per loader process
             for source, gpos in by_key:
                 self.known[source].pop(gpos)
+                self.vision[source].pop(gpos, None)
+                self.image_counts[source].pop(gpos, None)
             entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
             self.out.send(loader, route_message(step, entries))
 
@@ -179,6 +216,8 @@ class Routing:
             known = self.known[source]
             for gpos in [g for g, entry in known.items() if entry[2] == lost]:
                 del known[gpos]
+                self.vision[source].pop(gpos, None)
+                self.image_counts[source].pop(gpos, None)
         self.blocked = None
 
     def first_needed(self, state: PlannerState, sources: Iterable[int]) -> tuple[int, ...]:

@@ -24,7 +24,14 @@ def state_name(core: PlannerCore) -> str:
 
 def counts(core: PlannerCore) -> dict[str, int]:
     c = core.ledger.counters
-    return {"split": c.split, "truncated": c.truncated, "dropped": c.dropped, "empty": c.empty}
+    return {
+        "split": c.split,
+        "truncated": c.truncated,
+        "dropped": c.dropped,
+        "empty": c.empty,
+        "images": c.images,
+        "skipped_images": sum(n for _, n in c.skipped_images),
+    }
 
 
 def view(core: PlannerCore) -> StatusView:
@@ -44,6 +51,7 @@ def view(core: PlannerCore) -> StatusView:
         weights=core.stream.spec.schedule.weights_at(step),
         lifecycle=core.graph.counts(reported=core.routing.reported()),
         counts=counts(core),
+        skipped_images=core.ledger.counters.skipped_per_source(len(core.recipe.sources)),
         planner_pid=os.getpid(),
         now=now,
         rejected=core.rejects.snapshot(),
@@ -74,6 +82,8 @@ def status(core: PlannerCore) -> Status:
         dropped=ledger.counters.dropped,
         truncated_tokens=ledger.counters.per_source(len(core.recipe.sources)),
         empty=ledger.counters.empty,
+        images=ledger.counters.images,
+        skipped_images=ledger.counters.skipped_per_source(len(core.recipe.sources)),
         constructor_step_bytes=sum(registry.bytes_by.values()),
         lifecycle=current.planner.lifecycle,
         roles=(("planner", "planner", os.getpid()), *roles),

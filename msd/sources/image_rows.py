@@ -1,0 +1,136 @@
+"""Image-text sources: their index (WebDataset shards or Parquet with an image column) and
+their rows, read as one Arrow struct per sample: ``text`` (binary, null when missing) and
+``images`` (a list of binary, an element null when its bytes are missing).
+
+A WebDataset shard is one "row group" of the source's index: its samples in the tar's order,
+found by scanning member headers once (then cached, ``MSD_CACHE_DIR`` or
+``~/.cache/msd/webdataset``); rows are read member by member at their offsets, only the rows
+asked for. A Parquet image source reads the text and image columns of a row group.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from msd.recipe.schema import Source
+from msd.sources.index import RowGroup, SourceIndex, bytes_field, tar_index, text_ext
+from msd.sources.read import RowGroupReader
+from msd.sources.webdataset import TarIndex, read_member
+
+ROW_TYPE = pa.struct([("text", pa.large_binary()), ("images", pa.list_(pa.large_binary()))])
+MAX_CACHED_TARS = 16
+
+
+class ImageRowReader:
+    """Reads samples of an image source as `ROW_TYPE` structs (see the module docstring)."""
+
+    def __init__(self, source: Source, src: SourceIndex, reader: RowGroupReader) -> None:
+        self.source, self.src, self.reader = source, src, reader
+        self._tars: OrderedDict[str, TarIndex] = OrderedDict()
+
+    def sizes(self, rg: RowGroup) -> np.ndarray | None:
+        """Bytes of each row of a shard, from its index (None: a Parquet row group, whose sizes
+        are known once read)."""
+        if self.source.format != "webdataset":
+            return None
+        index = self._tar(rg.file)
+        return np.array(
+            [sum(size for _, size in s.members.values()) for s in index.samples], dtype=np.int64
+        )
+
+    def read(self, rg: RowGroup, rows: np.ndarray | None = None) -> pa.StructArray:
+        """Rows ``rows`` (all when None) of row group ``rg``, in that order."""
+        if self.source.format == "webdataset":
+            return self._read_tar(rg, rows)
+        text = self.reader.read(rg, self.src.column)
+        assert self.source.image_column is not None
+        images = _as_image_lists(self.reader.read(rg, self.source.image_column))
+        text = text.cast(pa.large_binary())
+        table = pa.StructArray.from_arrays([text, images], fields=list(ROW_TYPE))
+        return table if rows is None else table.take(pa.array(rows))
+
+    def _tar(self, path: str) -> TarIndex:
+        index = self._tars.get(path)
+        if index is None:
+            index = tar_index(self.source, path)
+            self._tars[path] = index
+            while len(self._tars) > MAX_CACHED_TARS:
+                self._tars.popitem(last=False)
+        self._tars.move_to_end(path)
+        return index
+
+    def _read_tar(self, rg: RowGroup, rows: np.ndarray | None) -> pa.StructArray:
+        index = self._tar(rg.file)
+        wanted = range(len(index.samples)) if rows is None else rows.tolist()
+        ext, exts = text_ext(self.source), [e.lower() for e in self.source.image_exts]
+        texts: list[bytes | None] = []
+        images: list[list[bytes]] = []
+        for r in wanted:
+            members = index.samples[r].members
+            where = members.get(ext)
+            texts.append(None if where is None else read_member(rg.file, *where))
+            images.append([read_member(rg.file, *members[e]) for e in exts if e in members])
+        return pa.StructArray.from_arrays(
+            [pa.array(texts, pa.large_binary()), pa.array(images, ROW_TYPE[1].type)],
+            fields=list(ROW_TYPE),
+        )
+
+
+def row_sizes(rows: pa.StructArray) -> np.ndarray:
+    """Bytes of each sample: its text and its images."""
+    text = pc.fill_null(pc.binary_length(rows.field("text")), 0)
+    lists = rows.field("images")
+    flat = pc.fill_null(pc.binary_length(lists.flatten()), 0).to_numpy(zero_copy_only=False)
+    owner = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+    images = np.bincount(owner, flat.astype(np.float64), minlength=len(rows)).astype(np.int64)
+    return np.asarray(text.to_numpy(zero_copy_only=False), dtype=np.int64) + images
+
+
+def _as_image_lists(column: pa.Array) -> pa.Array:
+    """An image column as ``list<large_binary>``: a single image becomes a list of one (a null
+    cell a list of one null: an image without bytes), a struct its ``bytes``."""
+    typ = column.type
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        values = _image_bytes(column.flatten())
+        offsets = pc.fill_null(column.value_lengths(), 0).to_numpy(zero_copy_only=False)
+        bounds = np.concatenate(([0], np.cumsum(offsets, dtype=np.int64))).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(bounds), values)
+    values = _image_bytes(column)
+    bounds = pa.array(np.arange(len(column) + 1, dtype=np.int32))
+    return pa.ListArray.from_arrays(bounds, values)
+
+
+def _image_bytes(values: pa.Array) -> pa.Array:
+    if pa.types.is_struct(values.type):
+        name = bytes_field(values.type)
+        assert name is not None
+        values = pc.struct_field(values, name)  # null where the struct or its bytes are null
+    return values.cast(pa.large_binary())
+
+
+def _is_binary(typ: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(typ) or pa.types.is_large_binary(typ))
+
+
+def read_block(
+    reader: ImageRowReader, groups: tuple[RowGroup, ...], rows: np.ndarray
+) -> pa.StructArray:
+    """Rows ``rows`` (block-local, in that order) of the block made of ``groups``, reading only
+    those rows of a WebDataset shard."""
+    starts = np.cumsum([0] + [g.num_rows for g in groups])
+    owner = np.searchsorted(starts, rows, side="right") - 1
+    parts, order = [], np.empty(len(rows), dtype=np.int64)
+    done = 0
+    for g in np.unique(owner).tolist():
+        picked = np.flatnonzero(owner == g)
+        parts.append(reader.read(groups[g], rows[picked] - starts[g]))
+        order[picked] = np.arange(done, done + len(picked))
+        done += len(picked)
+    if not parts:
+        return pa.array([], ROW_TYPE)
+    joined = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+    return joined.take(pa.array(order))
