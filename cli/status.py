@@ -44,11 +44,11 @@ def render(data: dict[str, Any]) -> Group:
     parts: list[Any] = [header]
     if job["failure"]:
         parts.append(Text(f"failure: {job['failure']}", style="bold red"))
-    sources = _table(
-        "sources",
-        ["source", "weight", "samples/s", "tokens/s", "loaders", "queue", "queue tok", "errors"],
-    )
+    images = any(s.get("skipped_images") for s in data["sources"])
+    columns = ["source", "weight", "samples/s", "tokens/s", "loaders", "queue", "queue tok"]
+    sources = _table("sources", [*columns, "errors", *(["images left out"] if images else [])])
     for s in data["sources"]:
+        extra = [f"{s.get('skipped_images', 0):,}"] if images else []
         sources.add_row(
             s["name"],
             f"{s['weight']:.3f}",
@@ -58,6 +58,7 @@ def render(data: dict[str, Any]) -> Group:
             f"{s['queue_samples']:,}",
             f"{s['queue_tokens']:,}",
             str(s["errors"]),
+            *extra,
         )
     loaders = _table("loaders", ["loader", "node", "pid", "state", "CPU %", "PSS", "samples/s"])
     for lo in data["loaders"]:

@@ -48,7 +48,7 @@ def normalised(
     pixels: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]
 ) -> torch.Tensor:
     """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std per channel."""
-    channels = pixels.reshape(pixels.shape[0], 3, -1).to(torch.float32).div_(255.0)
+    channels = pixels.reshape(pixels.shape[0], 3, pixels.shape[1] // 3).to(torch.float32) / 255.0
     m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, 3, 1)
     return channels.sub_(m).div_(s).reshape(pixels.shape)

@@ -1,8 +1,11 @@
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from msd.plan.topology import Coords, Topology
+from msd.pack import Piece, pack_rows
+from msd.plan.topology import VISION, Coords, Topology
+from msd.shard import cp_slice
 
 sizes = st.integers(1, 4)
 
@@ -34,3 +37,18 @@ def test_pipeline_stages_get_only_what_they_use():
     assert "labels" in last and "input_ids" not in last and "cu_seqlens" in middle
     single = Topology().tensors(Coords(0, 0, 0, 0))
     assert {"input_ids", "labels", "position_ids", "cu_seqlens"} <= set(single)
+
+
+def test_only_the_first_stage_gets_the_images_and_cp_ranks_get_them_whole() -> None:
+    topo = Topology(dp=1, pp=3, cp=2, vision=True)
+    first, middle, last = (topo.tensors(Coords(0, s, 0, 0)) for s in range(3))
+    assert set(VISION) <= set(first)
+    assert not set(VISION) & (set(middle) | set(last))
+    assert not set(VISION) & set(Topology(pp=2).tensors(Coords(0, 0, 0, 0)))  # text jobs
+    rows = [[Piece(0, 1, np.arange(1, 9, dtype=np.int32))]]
+    images = pack_rows(rows, 8, image_token_id=5, patch_values=4)
+    images["pixel_values"] = np.arange(8, dtype=np.uint8).reshape(2, 4)
+    slices = [cp_slice(images, 2, r) for r in range(2)]
+    for part in slices:  # each CP rank: its half of the tokens, all of the group's pixels
+        assert part["input_ids"].size == 4
+        assert np.array_equal(part["pixel_values"], images["pixel_values"])
