@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from msd.roles.loader.shard import WINDOW_BYTES
+from msd.roles.loader.visit import WINDOW_BYTES
 
 DECODED_PER_TEXT_BYTE = 1.6  # pyarrow's allocation per byte of decoded text (measured)
 WORKER_BASE_BYTES = 64 * 2**20  # a forked DataLoader worker's own pages (measured: ~40-60 MiB)

@@ -5,7 +5,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from msd.roles.loader.shard import cell_sizes, chunk_end
+from msd.roles.loader.visit import cell_sizes, chunk_end
 
 
 @given(st.lists(st.integers(0, 100), min_size=1, max_size=50), st.integers(1, 300))

@@ -12,7 +12,8 @@ import pytest
 from msd.plan.partition import Generation, Shard, find_process, generations, loader_processes, span
 from msd.plan.schedule import constant, peak_shares, schedule_of
 from msd.recipe.schema import Recipe
-from msd.roles.loader.shard import _Visit, cell_sizes, shard_budget
+from msd.roles.loader.shard import shard_budget
+from msd.roles.loader.visit import Visit, cell_sizes
 
 
 def recipe_with(loaders: list[int], per_process: int, **extra: Any) -> Recipe:
@@ -77,7 +78,7 @@ def test_budgets_follow_the_largest_share_and_hold_a_row() -> None:
     assert shard_budget(tiny, 7, 1) == 64  # never below one row (seq_len)
 
 
-def read_all(visit: _Visit, budget: int) -> list[tuple[int, int, bytes]]:
+def read_all(visit: Visit, budget: int) -> list[tuple[int, int, bytes]]:
     """(visit position, block row, text) of every row of a visit, chunk by chunk."""
     out = []
     while not visit.done:
@@ -99,17 +100,17 @@ def test_a_visit_reads_its_rows_in_order_holding_one_window(
     def read() -> pa.Array:  # the block as the file gives it, each time
         return pa.array(texts.to_pylist())
 
-    def visit_of(column: pa.Array) -> _Visit:
+    def visit_of(column: pa.Array) -> Visit:
         def rows_of(wanted: np.ndarray) -> pa.Array:
             return read().take(pa.array(wanted))
 
-        return _Visit.of(0, 0, rows, cell_sizes(column), rows_of, column)
+        return Visit.of(0, 0, rows, cell_sizes(column), rows_of, column)
 
     for budget in (1, 700, 10**9):
         visit = visit_of(read())
         assert read_all(visit, budget) == expected
         assert visit.reads == 1  # the block (100 KB) fits one window: read once
-    monkeypatch.setattr("msd.roles.loader.shard.WINDOW_BYTES", 4096)
+    monkeypatch.setattr("msd.roles.loader.visit.WINDOW_BYTES", 4096)
     visit = visit_of(read())
     windows = len(visit.bounds) - 1
     assert windows > 20

@@ -214,7 +214,7 @@ def stand_by(
 
 def main(job: JobDir, name: str) -> None:
     started = time.monotonic()
-    # The C library's allocator, trimmed each time a visit lets go of a block (``_Visit._take``),
+    # The C library's allocator, trimmed each time a visit lets go of a block (``Visit``),
     # gives freed blocks back; Arrow's default pool keeps them, tens of MB per process with many
     # sources.
     pa.set_memory_pool(pa.system_memory_pool())

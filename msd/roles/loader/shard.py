@@ -4,25 +4,22 @@ chunk at a time, holding what it reported until it is routed (``SourceShard``).
 Memory is bounded per source, not per rank: a shard reads ahead only while it holds fewer
 unrouted tokens than its share of ``buffer_tokens`` (the source's largest share of the mix),
 or up to a position the Planner waits for; and of a block's text it keeps only the rows not yet
-tokenized next (``_Visit``): a window of about 256 KiB, not a row group, per source.
+tokenized next (``Visit``): a window of about 256 KiB, not a row group, per source.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from msd.plan.order import EpochOrder, make_blocks
 from msd.plan.partition import Shard
 from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
+from msd.roles.loader.visit import Visit, cell_sizes
 from msd.sample import SampleImages
 from msd.sources.fuse import Fuser, fuse_spec
 from msd.sources.image_rows import ImageRowReader, read_block, row_sizes
@@ -41,29 +38,8 @@ CHUNK_BYTES = 64 * 1024
 # ... and fewer with a slow tokenizer: a turn takes about this long, so Routes (the payloads
 # trainers wait for) are answered within milliseconds whatever the tokenizer costs.
 CHUNK_SECONDS = 0.005
-# Of an open block, a loader holds a window of about this much text (in visiting order).
-WINDOW_BYTES = 256 * 1024
 # Open Parquet files a loader process keeps (an LRU shared by its shards).
 MAX_OPEN_FILES = 64
-
-
-def cell_sizes(column: pa.Array) -> np.ndarray:
-    """Bytes (text) or ids (token lists) of each cell: what tokenizing it will cost."""
-    if pa.types.is_struct(column.type):
-        return row_sizes(column)
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        sizes = pc.list_value_length(column)
-    else:
-        sizes = pc.binary_length(column)
-    return np.asarray(sizes.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def chunk_end(sizes: np.ndarray, start: int, budget: int) -> int:
-    """End of the chunk that starts at ``start``: at least one cell, at most ``budget`` in all."""
-    if start >= len(sizes):
-        return start
-    fits = int(np.searchsorted(np.cumsum(sizes[start:]), budget, side="right"))
-    return start + max(1, fits)
 
 
 def _held_cost(tokens: np.ndarray) -> int:
@@ -77,81 +53,6 @@ def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
     out by the source's largest share of the mix, over its shards; at least one row."""
     peak = peak_shares(schedule_of(recipe))[source]
     return max(recipe.seq_len, int(recipe.loader_buffer_tokens * peak / loaders))
-
-
-@dataclass
-class _Visit:
-    """A block being tokenized chunk by chunk, in visiting order.
-
-    Of its rows only one window is held: the next rows in visiting order, about
-    ``window_bytes``. Once a window is tokenized the next is read (``read``: the block's rows
-    asked for, in that order; a Parquet row group comes from the page cache, decoded, the
-    rows taken, the rest let go). A light source keeps its block open for thousands of steps;
-    it costs a window, not a row group, and a text block is decoded ``size / WINDOW_BYTES``
-    times instead of once (a few ns per token). Positions are global: ``gpos_start + k`` for
-    the k-th row of the visit, block row ``rows[k]``.
-    """
-
-    gpos_start: int
-    first_row: int
-    rows: np.ndarray
-    sizes: np.ndarray
-    bounds: list[int]  # window w holds visit rows bounds[w] .. bounds[w + 1]
-    read: Callable[[np.ndarray], pa.Array]
-    window: pa.Array | None = None
-    current: int = -1  # the window held
-    at: int = 0
-    reads: int = 0
-
-    @staticmethod
-    def of(
-        gpos_start: int,
-        first_row: int,
-        rows: np.ndarray,
-        block_sizes: np.ndarray,
-        read: Callable[[np.ndarray], pa.Array],
-        column: pa.Array | None = None,
-        window_bytes: int | None = None,
-    ) -> _Visit:
-        """The visit of ``rows`` (block-local, in visiting order) of a block whose rows cost
-        ``block_sizes`` (bytes: what tokenizing each will cost); ``read(rows)`` reads rows;
-        ``column``: the whole block, just read (its first window is taken from it)."""
-        # An empty cell costs its row: a column of null cells is read in bounded chunks too.
-        sizes = np.maximum(block_sizes[rows], 1)
-        bounds = [0]
-        while bounds[-1] < len(rows):
-            bounds.append(chunk_end(sizes, bounds[-1], window_bytes or WINDOW_BYTES))
-        visit = _Visit(gpos_start, first_row, rows, sizes, bounds, read)
-        if column is not None:
-            visit.window = column.take(pa.array(rows[: bounds[1]]))
-            visit.current, visit.reads = 0, 1
-            del column
-            pa.default_memory_pool().release_unused()
-        return visit
-
-    @property
-    def done(self) -> bool:
-        return self.at >= len(self.rows)
-
-    def held_bytes(self) -> int:
-        return 0 if self.window is None else self.window.nbytes
-
-    def next_chunk(self, budget: int) -> tuple[int, np.ndarray, pa.Array]:
-        """The next rows, at most ``budget`` in size (at least one), within one window: their
-        visit position, block rows and text."""
-        w = bisect.bisect_right(self.bounds, self.at) - 1
-        if w != self.current or self.window is None:
-            self.reads += 1
-            self.window = self.read(self.rows[self.bounds[w] : self.bounds[w + 1]])
-            self.current = w
-            pa.default_memory_pool().release_unused()  # the block as read: about 1 ms to return
-        assert self.window is not None
-        start, end = self.at, min(chunk_end(self.sizes, self.at, budget), self.bounds[w + 1])
-        text = self.window.slice(start - self.bounds[w], end - start)
-        self.at = end
-        if end == self.bounds[w + 1]:
-            self.window = None  # tokenized: let it go
-        return start, self.rows[start:end], text
 
 
 class SourceShard:
@@ -192,7 +93,7 @@ class SourceShard:
         self.mix_budget = shard_budget(recipe, shard.source, self.stride)
         self.block_rows = max(b.num_rows for b in self.blocks)
         self._order: EpochOrder | None = None
-        self.visit: _Visit | None = None
+        self.visit: Visit | None = None
         self.want = -1
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
@@ -357,7 +258,7 @@ class SourceShard:
         self.held_tokens -= _held_cost(self.held.pop(gpos))
         self.pixels.pop(gpos, None)
 
-    def _open_visit(self) -> _Visit | None:
+    def _open_visit(self) -> Visit | None:
         """Read (not yet tokenize) the column of this shard's next block."""
         upcoming = self.upcoming
         if upcoming is None or self.next_v is None:
@@ -375,7 +276,7 @@ class SourceShard:
 
     def _visit(
         self, groups: tuple[RowGroup, ...], gpos_start: int, first_row: int, rows: np.ndarray
-    ) -> _Visit:
+    ) -> Visit:
         images = self.images
         if images is None:  # text: a row group's column, read again for each window
 
@@ -384,18 +285,18 @@ class SourceShard:
 
             column = read_text()
             sizes = cell_sizes(column)
-            return _Visit.of(
+            return Visit.of(
                 gpos_start, first_row, rows, sizes, lambda r: read_text().take(pa.array(r)), column
             )
         shard_sizes = [images.sizes(rg) for rg in groups]
         if all(size is not None for size in shard_sizes):  # WebDataset: rows read one by one
             sizes = np.concatenate([s for s in shard_sizes if s is not None])
-            return _Visit.of(
+            return Visit.of(
                 gpos_start, first_row, rows, sizes, lambda r: read_block(images, groups, r)
             )
         # Parquet images: the block is read whole anyway, so it is one window.
         block = read_block(images, groups, np.arange(sum(rg.num_rows for rg in groups)))
-        return _Visit.of(
+        return Visit.of(
             gpos_start,
             first_row,
             rows,
