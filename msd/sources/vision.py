@@ -161,12 +161,15 @@ def _decode(data: bytes, geometry: ImageGeometry) -> DecodedImage | DecodeFailur
         rejected = _rejection(stored_h, stored_w, geometry)
         if rejected is not None:
             return DecodeFailure(rejected)
-        swapped = image.getexif().get(_ORIENTATION_TAG) in _SWAPPING_ORIENTATIONS
+        orientation = image.getexif().get(_ORIENTATION_TAG)
+        swapped = orientation in _SWAPPING_ORIENTATIONS
         height, width = (stored_w, stored_h) if swapped else (stored_h, stored_w)
         h, w = fit(height, width, geometry)
         if image.format == "JPEG":  # decode at 1/2, 1/4 or 1/8 scale when that still covers h×w
             image.draft("RGB", (h, w) if swapped else (w, h))
-        rgb = _to_rgb(ImageOps.exif_transpose(image)).resize((w, h), RESAMPLE)
+        # Turning upright copies the whole image: only when its EXIF says it is not upright.
+        upright = image if orientation in (None, 1) else ImageOps.exif_transpose(image)
+        rgb = _to_rgb(upright).resize((w, h), RESAMPLE)
     patches = patchify(np.asarray(rgb, dtype=np.uint8), geometry)
     tokens = placeholder_tokens(height, width, geometry)
     return DecodedImage(patches, grid_thw(height, width, geometry), tokens, (height, width))
