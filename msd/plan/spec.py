@@ -26,6 +26,7 @@ def stream_spec(
         long_samples=recipe.balance.long_samples,
         method=recipe.balance.method,
         cost=CostModel(recipe.cost.attn, recipe.cost.lin, recipe.cost.function),
+        max_patches=recipe.balance.max_patches if recipe.has_images else None,
     )
 
 

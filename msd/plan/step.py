@@ -27,6 +27,7 @@ import numpy as np
 from msd.plan.balance import Method, hybrid_placement, placement
 from msd.plan.cost import CostModel
 from msd.plan.mix import SourceDraws, step_rng
+from msd.plan.patch_rows import PatchRowPacker, deal_micro_batches, micro_batch_patches
 from msd.plan.rows import RowPacker, best_fit_rows, deal_rows
 from msd.plan.schedule import Schedule
 
@@ -34,6 +35,9 @@ Lookup = Callable[[int, int], "int | None"]
 # The vision encoder's cost of each piece (source, gpos, length; 0 without images): what a rank
 # pays beyond the backbone's cost of its tokens under the ``sum`` objective.
 EncoderCost = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# The image patches of each piece (source, gpos, offset; 0 without images), for
+# ``max_patches``: a piece is never cut inside an image, so its patches are its own.
+PatchCount = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 LongSamples = str  # "split" | "truncate" | "drop"
 
 
@@ -54,6 +58,7 @@ class StreamSpec:
     long_samples: LongSamples = "split"
     method: Method = "greedy"
     cost: CostModel = field(default_factory=CostModel)
+    max_patches: int | None = None  # a micro-batch's image patches, at most
 
     @property
     def rows_per_rank(self) -> int:
@@ -216,9 +221,14 @@ class _Selection:
     """The samples offered to a step so far: pieces placed (column blocks, in order), samples
     that did not fit (``misfits``, carried to the next step) and samples dropped."""
 
-    def __init__(self, spec: StreamSpec) -> None:
+    def __init__(self, spec: StreamSpec, patches: PatchCount | None = None) -> None:
         self.spec = spec
-        self.packer = RowPacker(spec.global_rows, spec.seq_len)
+        self.patches = patches
+        self.packer: RowPacker | PatchRowPacker = RowPacker(spec.global_rows, spec.seq_len)
+        if spec.max_patches is not None:
+            self.packer = PatchRowPacker(
+                spec.global_rows, spec.seq_len, spec.micro_batch_size, spec.max_patches
+            )
         self.blocks: list[list[np.ndarray]] = []
         self.misfits: list[tuple[int, int]] = []
         self.dropped: list[tuple[int, int]] = []
@@ -257,7 +267,13 @@ class _Selection:
         cuts = {j: _cut(n, *how) for j, n in zip(long, lens[long].tolist(), strict=True)}
         padded[long] = spec.seq_len + 1  # fits no row alone: placed as its group
         groups = {j: [-(-n // m) * m for n, _ in cut] for j, (cut, _, _) in cuts.items()}
-        offered, missed = self.packer.place_each(padded.tolist(), groups, misfits)
+        if isinstance(self.packer, PatchRowPacker):
+            each, of_groups = self._patches(sources, gpos, cuts)
+            offered, missed = self.packer.place_each(
+                padded.tolist(), groups, misfits, each, of_groups
+            )
+        else:
+            offered, missed = self.packer.place_each(padded.tolist(), groups, misfits)
         self.misfits += [(int(sources[j]), int(gpos[j])) for j in missed]
         placed = {j: cuts[j][0] for j in long if j < offered and j not in missed}
         for j, cut in placed.items():
@@ -271,6 +287,24 @@ class _Selection:
         columns = (sources, gpos, lens, 0 * lens, padded)
         self.blocks.append(_expand([c[:offered] for c in columns], missed, placed, m))
         return offered
+
+    def _patches(
+        self,
+        sources: np.ndarray,
+        gpos: np.ndarray,
+        cuts: dict[int, tuple[list[tuple[int, int]], int, int]],
+    ) -> tuple[list[int], dict[int, list[int]]]:
+        """The patches of each sample offered (whole), and of each piece of those cut."""
+        count = self.patches
+        if count is None:
+            return [0] * len(sources), {j: [0] * len(cut) for j, (cut, _, _) in cuts.items()}
+        each = count(sources, gpos, np.zeros(len(sources), dtype=np.int64)).tolist()
+        of_groups = {}
+        for j, (cut, _, _) in cuts.items():
+            offsets = np.array([offset for _, offset in cut], dtype=np.int64)
+            n = len(offsets)
+            of_groups[j] = count(np.full(n, sources[j]), np.full(n, gpos[j]), offsets).tolist()
+        return [int(p) for p in each], {j: [int(p) for p in v] for j, v in of_groups.items()}
 
     def columns(self) -> list[np.ndarray]:
         if not self.blocks:
@@ -327,14 +361,14 @@ def _positions(sources: np.ndarray, cursors: list[int]) -> np.ndarray:
 
 
 def _select(
-    spec: StreamSpec, state: PlannerState, lookup: Lookup
+    spec: StreamSpec, state: PlannerState, lookup: Lookup, patches: PatchCount | None = None
 ) -> tuple[_Selection, list[int]] | NeedData:
     """Carry first, then fresh draws, until ``carry_limit`` samples did not fit.
 
     Draws are looked up a chunk at a time (about as many as the rows still hold); a draw after
     the step closes is never taken, and ``NeedData`` names the first unknown draw it needs.
     """
-    sel = _Selection(spec)
+    sel = _Selection(spec, patches)
     lengths = [lookup(s, g) for s, g in state.carry]
     if None in lengths:
         return NeedData(*state.carry[lengths.index(None)])
@@ -363,13 +397,18 @@ def _select(
 
 
 def plan_step(
-    spec: StreamSpec, state: PlannerState, lookup: Lookup, encoder: EncoderCost | None = None
+    spec: StreamSpec,
+    state: PlannerState,
+    lookup: Lookup,
+    encoder: EncoderCost | None = None,
+    patches: PatchCount | None = None,
 ) -> tuple[StepPlan, PlannerState] | NeedData | EndOfStream:
     """Plan ``state.step``; returns the plan and the state after it. ``encoder``: the vision
-    encoder's cost of samples with images, balanced together with the backbone's."""
+    encoder's cost of samples with images, balanced together with the backbone's; ``patches``:
+    each piece's image patches, kept within ``spec.max_patches`` per micro-batch."""
     if spec.steps is not None and state.step >= spec.steps:
         return EndOfStream(state.step)
-    selected = _select(spec, state, lookup)
+    selected = _select(spec, state, lookup, patches)
     if isinstance(selected, NeedData):
         return selected
     sel, cursors = selected
@@ -379,7 +418,12 @@ def plan_step(
     lost = tuple(sorted(sel.truncated_tokens.items()))
     counts = Counts(sel.split, sel.truncated, len(sel.dropped), lost, sel.empty)
     extra = None if encoder is None else encoder(columns[0], columns[1], columns[2])
-    placed = _in_rows(spec, columns, _split_over_ranks(spec, columns[4], extra))
+    row_of = _split_over_ranks(spec, columns[4], extra)
+    if isinstance(sel.packer, PatchRowPacker):
+        zeros = np.zeros(len(row_of))
+        counted = zeros if patches is None else patches(columns[0], columns[1], columns[3])
+        row_of = _within_patches(spec, row_of, counted, sel.packer.rows, columns[4], extra)
+    placed = _in_rows(spec, columns, row_of)
     plan = StepPlan(state.step, placed, spec.rows_per_rank, counts, tuple(sel.dropped))
     return plan, PlannerState(state.step + 1, tuple(cursors), tuple(sel.misfits))
 
@@ -402,6 +446,25 @@ def _split_over_ranks(
         for g, row in enumerate(row for rank in dealt for row in rank):
             row_of[list(row)] = g
     return row_of
+
+
+def _within_patches(
+    spec: StreamSpec,
+    row_of: np.ndarray,
+    patches: np.ndarray,
+    packed: list[int],
+    padded: np.ndarray,
+    extra: np.ndarray | None,
+) -> np.ndarray:
+    """The balanced split if it keeps every micro-batch within ``max_patches``; else the rows
+    packed during selection (which do), dealt to ranks a micro-batch at a time."""
+    assert spec.max_patches is not None
+    per_micro = micro_batch_patches(row_of, patches, spec.micro_batch_size, spec.global_rows)
+    if np.all(row_of >= 0) and per_micro.max(initial=0) <= spec.max_patches:
+        return row_of
+    costs = spec.cost(padded) if extra is None else spec.cost(padded) + extra
+    shape = (spec.dp, spec.rows_per_rank, spec.micro_batch_size, spec.global_rows)
+    return deal_micro_batches(packed, costs, *shape)
 
 
 def _in_rows(spec: StreamSpec, columns: list[np.ndarray], row_of: np.ndarray) -> Pieces:

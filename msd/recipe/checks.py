@@ -42,6 +42,9 @@ def check_recipe(recipe: Recipe) -> list[Problem]:
     problems += _check_batch(recipe) + _check_steps(recipe) + _check_rest(recipe)
     if recipe.has_images:
         problems += check_vision(recipe.vision, recipe.seq_len)
+    if recipe.balance.max_patches is not None:
+        fix = "allow at least one patch per micro-batch, or remove it for no limit"
+        problems += _at_least("balance.max_patches", recipe.balance.max_patches, 1, fix)
     return problems + [Problem(*p) for p in check_plan(recipe)]
 
 

@@ -146,6 +146,9 @@ class Balance(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     # What a rank's cost is: ``sum`` of the vision encoder's and the backbone's (both run on
     # every rank), or the ``backbone``'s alone (what balancing by tokens gives).
     objective: Literal["sum", "backbone"] = "sum"
+    # The most image patches one micro-batch of a rank holds (what its vision encoder takes at
+    # once), like the token budget of a row: never exceeded. None: no limit.
+    max_patches: int | None = None
 
 
 class Autoscale(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -362,6 +365,8 @@ def stream_fingerprint(recipe: Recipe) -> str:
     }
     if recipe.has_images:
         stream["vision"] = msgspec.to_builtins(recipe.vision)
+        if recipe.balance.max_patches is not None:
+            stream["max_patches"] = recipe.balance.max_patches
     blob = json.dumps(stream, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

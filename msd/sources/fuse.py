@@ -5,9 +5,15 @@ The text holds one ``marker`` per image, in order; without markers the images pr
 text. Image ``i`` takes ``patches_i / merge_size²`` tokens ``image_token_id`` where its marker
 was. What cannot be used is left out and counted by reason (`Skips`), the same way on every
 run: an image that does not decode, or has no bytes (its marker goes with it); markers and
-images that do not pair up (the extra ones); an image whose tokens would end past ``seq_len``
-(it and every later image: a sample with images is never split across rows, so its pixels
-stay with its tokens) and then the text past ``seq_len``; a sample without text.
+images that do not pair up (the extra ones); a sample without text.
+
+An image is never cut across rows, so its pixels stay with its tokens. With ``long_samples:
+split`` (the Planner cuts a long sample at multiples of ``seq_len``) fillers move an image that
+would cross a row boundary to the next row; an image longer than a row, or past the step's
+rows, is left out. Otherwise a sample with images is fitted into one row: an image whose
+tokens would end past ``seq_len`` is left out with every later one, then the text past it.
+With ``max_patches``, no piece holds more patches: an image that would pass it goes to the
+next row (``split``) or is left out.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ UNPAIRED_MARKER = "markers without an image"
 PAST_ROW = "images past seq_len"
 CUT_TOKENS = "text tokens cut after an image"
 NO_TEXT = "samples without text"
+OVER_PATCHES = "images over max_patches"
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class FuseSpec:
     seq_len: int
     long_samples: str = "truncate"
     max_rows: int = 1
+    max_patches: int | None = None  # of one piece (a row's share of a micro-batch's budget)
 
 
 def fuse_spec(recipe: Recipe) -> FuseSpec:
@@ -62,7 +70,13 @@ def fuse_spec(recipe: Recipe) -> FuseSpec:
     )
     rows = recipe.global_batch_tokens // recipe.seq_len
     return FuseSpec(
-        geometry, v.image_token_id, v.marker, recipe.seq_len, recipe.balance.long_samples, rows
+        geometry,
+        v.image_token_id,
+        v.marker,
+        recipe.seq_len,
+        recipe.balance.long_samples,
+        rows,
+        recipe.balance.max_patches,
     )
 
 
@@ -103,13 +117,16 @@ def fuse(
     length = 0 if head is None else len(head)
     kept: list[DecodedImage] = []
     full = False  # no later image fits
+    piece_patches: dict[int, int] = {}  # piece → its images' patches so far
     for image, text in order:
         if image is not None:
-            fill = _fill(length, image.tokens, spec)
-            if full or fill is None:
+            fill = None if full else _fill(length, image.tokens, spec)
+            if fill is not None and spec.max_patches is not None:
+                fill = _within_patches(length, fill, image, spec, piece_patches, skips)
+            elif fill is None:
                 skips[PAST_ROW] += 1
                 full = full or spec.long_samples != "split" or image.tokens <= spec.seq_len
-            else:
+            if fill is not None:
                 if fill:
                     parts.append(np.full(fill, FILLER, dtype=np.int32))
                 parts.append(np.full(image.tokens, spec.image_token_id, dtype=np.int32))
@@ -145,6 +162,34 @@ def _pair(
     return [(images[k] if k < pairs else None, segments[k + 1]) for k in range(markers)], segments[
         0
     ]
+
+
+def _within_patches(
+    length: int,
+    fill: int,
+    image: DecodedImage,
+    spec: FuseSpec,
+    patches: dict[int, int],
+    skips: Skips,
+) -> int | None:
+    """``fill``, or more fillers to move the image to the next row (``split``), so that no piece
+    of the sample holds more than ``max_patches`` patches; None (counted): it cannot be."""
+    assert spec.max_patches is not None
+    own = len(image.patches)
+    split = spec.long_samples == "split"
+    piece = (length + fill) // spec.seq_len if split else 0
+    if own <= spec.max_patches and patches.get(piece, 0) + own > spec.max_patches and split:
+        piece += 1  # the next row: no image is there yet
+        fill = piece * spec.seq_len - length
+        limit = _limit(spec)
+        if limit is not None and length + fill + image.tokens > limit:
+            skips[PAST_ROW] += 1
+            return None
+    if patches.get(piece, 0) + own > spec.max_patches:
+        skips[OVER_PATCHES] += 1
+        return None
+    patches[piece] = patches.get(piece, 0) + own
+    return fill
 
 
 def _fill(length: int, tokens: int, spec: FuseSpec) -> int | None:

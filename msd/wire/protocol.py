@@ -103,6 +103,9 @@ class Meta(_Msg, frozen=True, tag=int(Kind.META)):
     images: tuple[int, ...] = ()
     patches: tuple[int, ...] = ()
     skipped: tuple[int, ...] = ()  # per sample: its images left out (``msd.sources.fuse``)
+    # per image: the piece of its sample it lies in (a sample split into rows is cut at
+    # multiples of seq_len, never inside an image); empty when no sample is split
+    image_rows: tuple[int, ...] = ()
 
 
 class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
@@ -577,5 +580,7 @@ def _check_meta(msg: Meta) -> None:
             )
         if msg.patches and min(msg.patches) < 1:
             raise ProtocolError("a Meta lists an image of no patches")
+    if msg.image_rows and (len(msg.image_rows) != len(msg.patches) or min(msg.image_rows) < 0):
+        raise ProtocolError(f"a Meta lists {len(msg.image_rows)} image rows")
     if msg.skipped and (len(msg.skipped) != n or min(msg.skipped) < 0):
         raise ProtocolError(f"a Meta of {n} samples lists {len(msg.skipped)} skipped counts")

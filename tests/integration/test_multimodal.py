@@ -1,6 +1,6 @@
 """Image-text sources end to end: real images (Pillow), real WebDataset tar shards and Parquet
 image columns, real role processes. One finite epoch of two image-caption sources (WebDataset,
-Parquet), interleaved documents and a text source, at DP 4, some of it damaged on purpose.
+Parquet), interleaved documents and a text source, at DP 4, some of it damaged on purpose, with a patch budget per micro-batch.
 
 Checked: every sample and every image is delivered exactly once (by id); each batch's
 ``pixel_values`` equal the patches of the images it claims, decoded again here from the files;
@@ -44,6 +44,7 @@ from tests.integration.test_recovery import role_pids, wait_for_step
 
 IMAGE_TOKEN = 151655
 MAX_PIXELS = 14 * 14 * 4 * 256  # at most 256 tokens an image: cheap to decode, several per row
+MAX_PATCHES = 2048  # a rank's micro-batch (one row here) holds at most two of the largest
 SEQ_LEN = 1024
 GEOMETRY = ImageGeometry(max_pixels=MAX_PIXELS)
 TEXT = SynthSource("notes", median_tokens=60, sigma=0.7, max_tokens=1500, num_samples=120)
@@ -146,6 +147,7 @@ def recipe(data: Path, **overrides: Any) -> dict[str, Any]:
                 "weight": 0.2,
             },
         ],
+        "balance": {"max_patches": MAX_PATCHES},
         "checkpoint": {"every_steps": 4, "keep": 20},
         "trainer": {"command": "demo", "demo": {"step_ms": 300}},
     }
@@ -260,6 +262,7 @@ def test_one_epoch_delivers_every_sample_and_image_once_with_the_loaders_pixels(
             assert placeholders == int(grids.prod(axis=1).sum()) // 4  # merge 2: 4 patches each
             assert not np.any(batch["labels"] == IMAGE_TOKEN)
             assert batch["input_ids"].min() >= 0  # no filler reaches a trainer
+            assert len(batch["pixel_values"]) <= MAX_PATCHES  # a rank's one micro-batch
             owners = zip(
                 batch["image_source_ids"].tolist(), batch["image_sample_ids"].tolist(), strict=True
             )

@@ -18,6 +18,7 @@ from msd.sources.fuse import (
     CUT_TOKENS,
     NO_BYTES,
     NO_TEXT,
+    OVER_PATCHES,
     PAST_ROW,
     UNDECODABLE,
     UNPAIRED_IMAGE,
@@ -402,3 +403,23 @@ def test_a_subset_of_images_takes_their_patches() -> None:
     middle = images.subset(1, 3)
     assert middle.grids == images.grids[1:]
     assert np.array_equal(middle.patches, np.concatenate([DECODED[1].patches, DECODED[2].patches]))
+
+
+def test_no_piece_holds_more_patches_than_max_patches() -> None:
+    # 16-token images of 64 patches; pieces of 40 tokens hold 64 patches at most: one image each.
+    image = DECODED[2]
+    spec = dataclasses.replace(_split_spec(40, 4), max_patches=64)
+    text = b"a<image>b<image>c<image>"
+    skips: Counter[str] = Counter()
+    ids, pixels = fuse(_segments(text), [image] * 3, spec, skips)
+    assert pixels is not None and len(pixels.grids) == 3 and not skips
+    rows = pixels.starts(ids, IMG, MERGE) // 40
+    assert rows.tolist() == [0, 1, 2]  # the second and third moved to the next rows
+    tight = dataclasses.replace(spec, max_patches=32)  # no image fits at all
+    skips = Counter()
+    assert fuse(_segments(text), [image] * 3, tight, skips)[1] is None
+    assert skips == Counter({OVER_PATCHES: 3})
+    one_row = dataclasses.replace(_spec(seq_len=200), max_patches=100)
+    skips = Counter()
+    _, kept = fuse(_segments(text), [image] * 3, one_row, skips)
+    assert kept is not None and len(kept.grids) == 1 and skips == Counter({OVER_PATCHES: 2})

@@ -104,3 +104,65 @@ def test_weighing_the_encoder_moves_samples_but_keeps_each_step(seed: int) -> No
 
 def _pieces(slots: list[Slot]) -> Counter[tuple[int, int, int]]:
     return Counter((s.source, s.gpos, s.offset) for s in slots)
+
+
+# -- the patch budget (``balance.max_patches``) --------------------------------------------------
+
+
+def _budget_spec(dp: int, rows_per_rank: int, mbs: int, budget: int) -> StreamSpec:
+    return StreamSpec(
+        seed=5,
+        schedule=constant((0.5, 0.5)),
+        num_rows=(400, 400),
+        repeat=(True, True),
+        dp=dp,
+        micro_batches=rows_per_rank // mbs,
+        micro_batch_size=mbs,
+        seq_len=ROW,
+        steps=None,
+        max_patches=budget,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(1, 8, 1), (2, 4, 2), (4, 2, 2), (8, 1, 1)]))
+def test_no_micro_batch_holds_more_patches_than_the_budget_whatever_the_dp_size(seed, shape):
+    """Rows of 512 tokens, 8 global rows; source 1's samples hold 0-600 patches. Every
+    micro-batch of every rank stays within 900 patches and 512 tokens a row; and the global
+    batch is the same whether 1, 2, 4 or 8 ranks share it (the budget binds per micro-batch
+    of the global batch, which DP does not change)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, ROW, (2, 400))
+    patches = np.where(rng.random(400) < 0.6, rng.integers(0, 600, 400), 0)
+    budget = 900
+
+    def lookup(source: int, gpos: int) -> int:
+        return int(lengths[source][gpos % 400])
+
+    def count(sources: np.ndarray, gpos: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        whole = offsets == 0
+        return np.where((sources == 1) & whole, patches[gpos % 400], 0)
+
+    def plan(dp: int, rows_per_rank: int, mbs: int, state: PlannerState) -> tuple:
+        result = plan_step(_budget_spec(dp, rows_per_rank, mbs, budget), state, lookup, None, count)
+        assert isinstance(result, tuple)
+        return result
+
+    state = PlannerState.initial(2)
+    dp, per_rank, mbs = shape
+    for _ in range(3):
+        ours, after = plan(dp, per_rank, mbs, state)
+        single, single_after = plan(1, 8, mbs, state)
+        assert after == single_after and _pieces(ours.slots) == _pieces(single.slots)
+        again, _ = plan(dp, per_rank, mbs, state)
+        assert again.pieces == ours.pieces  # deterministic
+        for rank in ours.rows:
+            for m in range(0, per_rank, mbs):
+                micro = [s for row in rank[m : m + mbs] for s in row]
+                assert sum(int(count(*_cols(s))[0]) for s in micro) <= budget
+                assert all(sum(s.padded for s in row) <= ROW for row in rank[m : m + mbs])
+        state = after
+
+
+def _cols(slot: Slot) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.array([slot.source]), np.array([slot.gpos]), np.array([slot.offset])

@@ -225,6 +225,7 @@ class SourceShard:
         images: tuple[int, ...] = ()
         patches: tuple[int, ...] = ()
         skipped: tuple[int, ...] = ()
+        image_rows: tuple[int, ...] = ()
         if self.fuser is not None:
             for offset, p in enumerate(pixels):
                 if p is not None:
@@ -232,6 +233,12 @@ class SourceShard:
             images = tuple(0 if p is None else len(p.grids) for p in pixels)
             patches = tuple(n for p in pixels if p is not None for n in p.counts)
             skipped = tuple(self.fuser.skipped_per_sample)
+            image_rows = tuple(
+                r
+                for t, p in zip(tokens, pixels, strict=True)
+                if p is not None
+                for r in self._image_rows(t, p)
+            )
         return Meta(
             source=self.source,
             gpos_start=gpos_start,
@@ -240,7 +247,16 @@ class SourceShard:
             images=images,
             patches=patches,
             skipped=skipped,
+            image_rows=image_rows,
         )
+
+    def _image_rows(self, tokens: np.ndarray, images: SampleImages) -> list[int]:
+        """The piece each image lies in once the Planner cuts the sample into rows."""
+        seq_len, vision = self.recipe.seq_len, self.recipe.vision
+        if len(tokens) <= seq_len:
+            return [0] * len(images.grids)
+        starts = images.starts(tokens, vision.image_token_id, vision.merge_size)
+        return [int(r) for r in starts // seq_len]
 
     def load(self) -> SourceLoad:
         return SourceLoad(

@@ -90,7 +90,7 @@ class PlannerCore:
         expected = {p.name for p in loader_processes(recipe, rescales) if p.standby is None}
         self.registry = Registry(expected, topology_of(recipe), self.start.step)
         hybrid = HybridCost(enc_attn=recipe.cost.enc_attn, enc_lin=recipe.cost.enc_lin)
-        self.routing = Routing(len(recipe.sources), self.out, hybrid.images)
+        self.routing = Routing(len(recipe.sources), self.out, hybrid.images, recipe.seq_len)
         self.balance_encoder = recipe.has_images and recipe.balance.objective == "sum"
         self.scaling = Scaling(job, recipe, self.out, self.registry, self.observer, rescales)
         self.failover = Failover(job, recipe, self.out, self.registry, self.routing, self.observer)
@@ -274,7 +274,8 @@ class PlannerCore:
         while self.num_steps is None and self.state.step < limit:
             started = time.perf_counter()
             encoder = self.routing.encoder_costs if self.balance_encoder else None
-            result = plan_step(self.stream.spec, self.state, self.routing.lookup, encoder)
+            patches = self.routing.patch_counts if self.stream.spec.max_patches else None
+            result = plan_step(self.stream.spec, self.state, self.routing.lookup, encoder, patches)
             if isinstance(result, NeedData):
                 self.routing.blocked = (result.source, result.gpos)
                 self.routing.want(result, self.registry.serving)

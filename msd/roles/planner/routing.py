@@ -64,12 +64,20 @@ class Routing:
     samples → the step and Constructors they are for), ``wanted`` (source → the furthest
     position asked for), ``blocked`` (the sample planning waits for)."""
 
-    def __init__(self, sources: int, out: Outbox, encoder: Callable[[np.ndarray], float]) -> None:
+    def __init__(
+        self,
+        sources: int,
+        out: Outbox,
+        encoder: Callable[[np.ndarray], float],
+        seq_len: int,
+    ) -> None:
         """``encoder``: the vision encoder's cost of a sample's images (their patch counts)."""
-        self.out = out
+        self.out, self.seq_len = out, seq_len
         self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {i: {} for i in range(sources)}
         # source → gpos → the encoder's cost, of reported samples that have images
         self.vision: dict[int, dict[int, float]] = {i: {} for i in range(sources)}
+        # source → gpos → each piece's patches (piece k: from token k × seq_len on)
+        self.piece_patches: dict[int, dict[int, np.ndarray]] = {i: {} for i in range(sources)}
         # source → gpos → (images kept, images left out), of reported samples with either
         self.image_counts: dict[int, dict[int, tuple[int, int]]] = {i: {} for i in range(sources)}
         self.encoder = encoder
@@ -95,6 +103,17 @@ class Routing:
             costs.append(0.0 if cost is None else cost * n / max(1, known[s][g][0]))
         return np.array(costs, dtype=np.float64)
 
+    def patch_counts(
+        self, sources: np.ndarray, gpos: np.ndarray, offsets: np.ndarray
+    ) -> np.ndarray:
+        """The image patches of each piece starting at ``offsets`` of a (source, gpos) sample."""
+        counts = []
+        for s, g, offset in zip(sources.tolist(), gpos.tolist(), offsets.tolist(), strict=True):
+            pieces = self.piece_patches[s].get(g)
+            k = offset // self.seq_len
+            counts.append(0 if pieces is None or k >= len(pieces) else int(pieces[k]))
+        return np.array(counts, dtype=np.int64)
+
     def has_images(self) -> bool:
         return any(self.vision.values())
 
@@ -114,6 +133,7 @@ class Routing:
         loader)."""
         known, vision = self.known[msg.source], self.vision[msg.source]
         patches = np.array(msg.patches, dtype=np.int64)
+        image_rows = np.array(msg.image_rows or [0] * len(msg.patches), dtype=np.int64)
         first = np.cumsum((0, *msg.images)).tolist() if msg.images else []
         unneeded = []
         rerouted: dict[int, list[tuple[int, int, int]]] = {}
@@ -127,7 +147,10 @@ class Routing:
             else:
                 known[gpos] = (length, sample_id, identity)
                 if first and first[offset + 1] > first[offset]:
-                    vision[gpos] = self.encoder(patches[first[offset] : first[offset + 1]])
+                    own = patches[first[offset] : first[offset + 1]]
+                    vision[gpos] = self.encoder(own)
+                    rows = image_rows[first[offset] : first[offset + 1]]
+                    self.piece_patches[msg.source][gpos] = np.bincount(rows, own)
                 kept = msg.images[offset] if msg.images else 0
                 skipped = msg.skipped[offset] if msg.skipped else 0
                 if kept or skipped:
@@ -198,6 +221,7 @@ class Routing:
                 self.known[source].pop(gpos)
                 self.vision[source].pop(gpos, None)
                 self.image_counts[source].pop(gpos, None)
+                self.piece_patches[source].pop(gpos, None)
             entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
             self.out.send(loader, route_message(step, entries))
 
@@ -218,6 +242,8 @@ class Routing:
                 del known[gpos]
                 self.vision[source].pop(gpos, None)
                 self.image_counts[source].pop(gpos, None)
+                self.piece_patches[source].pop(gpos, None)
+                self.piece_patches[source].pop(gpos, None)
         self.blocked = None
 
     def first_needed(self, state: PlannerState, sources: Iterable[int]) -> tuple[int, ...]:
