@@ -1,6 +1,7 @@
 """Image-text sources end to end: real images (Pillow), real WebDataset tar shards and Parquet
 image columns, real role processes. One finite epoch of two image-caption sources (WebDataset,
-Parquet), interleaved documents and a text source, at DP 4, some of it damaged on purpose, with a patch budget per micro-batch.
+Parquet), interleaved documents and a text source, at DP 4 with a patch budget per
+micro-batch, some of it damaged on purpose.
 
 Checked: every sample and every image is delivered exactly once (by id); each batch's
 ``pixel_values`` equal the patches of the images it claims, decoded again here from the files;
