@@ -1,6 +1,7 @@
 """The command line of the benchmark.
 
     python -m benchmarks.dataloader [--quick] [--out DIR] [--point S,R,W,L[,RG[,ROWS]]] ...
+    python -m benchmarks.dataloader --vlm [--quick] [--point S,R,W[,L[,ROWS]]] ...  (vlm.py)
 
 Runs the sweep (or ``--quick``'s two small points, or the ``--point``s given), baseline then msd
 at each point, and writes ``dataloader.json`` / ``.md`` / ``-*.png`` to ``--out``
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,11 @@ def previous_points(path: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if "--vlm" in (sys.argv[1:] if argv is None else argv):  # image-text sources: vlm.py
+        from benchmarks.dataloader.vlm import main as vlm_main
+
+        vlm_main(argv)
+        return
     args = parse_args(argv)
     stem = "dataloader-quick" if args.quick else "dataloader"
     if args.report_only:

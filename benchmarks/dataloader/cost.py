@@ -23,12 +23,23 @@ from msd.synth import DEFAULT_SOURCES, sample_lengths
 
 @dataclass(frozen=True)
 class CostModel:
+    """The backbone's ``attn·len² + lin·len`` per sequence; with images (the VLM benchmark),
+    the vision encoder's ``enc_attn·p² + enc_lin·p`` per image of ``p`` patches (msd's
+    ``cost.enc_attn``/``enc_lin``; unused by text batches)."""
+
     attn: float = 1.0
     lin: float = 256.0
+    enc_attn: float = 1.0
+    enc_lin: float = 256.0
 
     def cost(self, lengths: npt.ArrayLike) -> float:
         lens = np.asarray(lengths, dtype=np.float64)
         return float(self.attn * np.square(lens).sum() + self.lin * lens.sum())
+
+    def encoder(self, patches: npt.ArrayLike) -> float:
+        """The encoder's cost of images of these patch counts (attention per image)."""
+        p = np.asarray(patches, dtype=np.float64)
+        return float(self.enc_attn * np.square(p).sum() + self.enc_lin * p.sum())
 
 
 def sequence_lengths(cu_seqlens: npt.ArrayLike) -> npt.NDArray[np.int64]:
