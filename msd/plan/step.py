@@ -432,7 +432,8 @@ def _split_over_ranks(
     spec: StreamSpec, padded: np.ndarray, extra: np.ndarray | None = None
 ) -> np.ndarray:
     """The global row of each piece: balanced; if the balancer cannot place them all, the rows
-    packed during selection, dealt whole."""
+    packed during selection, dealt whole (with ``max_patches``: left at -1 for
+    ``_within_patches``, which knows those rows)."""
     costs = spec.cost(padded)
     shape = (spec.dp, spec.micro_batches, spec.micro_batch_size, spec.seq_len, spec.method)
     if extra is None:
@@ -440,7 +441,7 @@ def _split_over_ranks(
     else:
         row_of = hybrid_placement(padded, costs, extra, *shape)
         costs = costs + extra
-    if np.any(row_of < 0):
+    if np.any(row_of < 0) and spec.max_patches is None:
         members = best_fit_rows(padded.tolist(), spec.global_rows, spec.seq_len)
         dealt = deal_rows(members, costs, spec.dp, spec.rows_per_rank, spec.micro_batch_size)
         for g, row in enumerate(row for rank in dealt for row in rank):
