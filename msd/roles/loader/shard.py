@@ -310,7 +310,9 @@ class SourceShard:
             return Visit.of(
                 gpos_start, first_row, rows, sizes, lambda r: read_block(images, groups, r)
             )
-        # Parquet images: the block is read whole anyway, so it is one window.
+        # Parquet images: like text, the row group is read again for each window (from the
+        # page cache: a few ms beside decoding the window's images), so a source holds a
+        # window of images, not a row group of them.
         block = read_block(images, groups, np.arange(sum(rg.num_rows for rg in groups)))
         return Visit.of(
             gpos_start,
@@ -319,5 +321,4 @@ class SourceShard:
             row_sizes(block),
             lambda r: read_block(images, groups, r),
             block,
-            window_bytes=1 << 62,
         )
