@@ -112,10 +112,6 @@ def _image_bytes(values: pa.Array) -> pa.Array:
     return values.cast(pa.large_binary())
 
 
-def _is_binary(typ: pa.DataType) -> bool:
-    return bool(pa.types.is_binary(typ) or pa.types.is_large_binary(typ))
-
-
 def read_block(
     reader: ImageRowReader, groups: tuple[RowGroup, ...], rows: np.ndarray
 ) -> pa.StructArray:

@@ -274,7 +274,7 @@ class PlannerCore:
         while self.num_steps is None and self.state.step < limit:
             started = time.perf_counter()
             encoder = self.routing.encoder_costs if self.balance_encoder else None
-            patches = self.routing.patch_counts if self.stream.spec.max_patches else None
+            patches = self.routing.images.patch_counts if self.stream.spec.max_patches else None
             result = plan_step(self.stream.spec, self.state, self.routing.lookup, encoder, patches)
             if isinstance(result, NeedData):
                 self.routing.blocked = (result.source, result.gpos)

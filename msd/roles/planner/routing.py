@@ -10,6 +10,7 @@ import numpy as np
 
 from msd.checkpoint.resume import needed
 from msd.plan.step import NeedData, PlannerState, StepPlan
+from msd.roles.planner.images import ImageBook
 from msd.roles.planner.outbox import Outbox
 from msd.roles.planner.registry import Peer
 from msd.wire.protocol import DISCARD, Meta, Plan, Route, Want
@@ -72,15 +73,9 @@ class Routing:
         seq_len: int,
     ) -> None:
         """``encoder``: the vision encoder's cost of a sample's images (their patch counts)."""
-        self.out, self.seq_len = out, seq_len
+        self.out = out
         self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {i: {} for i in range(sources)}
-        # source → gpos → the encoder's cost, of reported samples that have images
-        self.vision: dict[int, dict[int, float]] = {i: {} for i in range(sources)}
-        # source → gpos → each piece's patches (piece k: from token k × seq_len on)
-        self.piece_patches: dict[int, dict[int, np.ndarray]] = {i: {} for i in range(sources)}
-        # source → gpos → (images kept, images left out), of reported samples with either
-        self.image_counts: dict[int, dict[int, tuple[int, int]]] = {i: {} for i in range(sources)}
-        self.encoder = encoder
+        self.images = ImageBook(sources, encoder, seq_len)  # of the samples in ``known``
         self.inflight: dict[int, Routes] = {}
         self.reroute: dict[Key, tuple[int, tuple[int, ...]]] = {}
         self.wanted: dict[int, int] = {}
@@ -96,26 +91,11 @@ class Routing:
     ) -> np.ndarray:
         """The encoder's cost of each piece ``lengths`` long of a (source, gpos) sample: the
         sample's, shared out over its pieces by length; 0 for samples without images."""
-        vision, known = self.vision, self.known
-        costs = []
-        for s, g, n in zip(sources.tolist(), gpos.tolist(), lengths.tolist(), strict=True):
-            cost = vision[s].get(g)
-            costs.append(0.0 if cost is None else cost * n / max(1, known[s][g][0]))
-        return np.array(costs, dtype=np.float64)
-
-    def patch_counts(
-        self, sources: np.ndarray, gpos: np.ndarray, offsets: np.ndarray
-    ) -> np.ndarray:
-        """The image patches of each piece starting at ``offsets`` of a (source, gpos) sample."""
-        counts = []
-        for s, g, offset in zip(sources.tolist(), gpos.tolist(), offsets.tolist(), strict=True):
-            pieces = self.piece_patches[s].get(g)
-            k = offset // self.seq_len
-            counts.append(0 if pieces is None or k >= len(pieces) else int(pieces[k]))
-        return np.array(counts, dtype=np.int64)
-
-    def has_images(self) -> bool:
-        return any(self.vision.values())
+        known = self.known
+        full = np.array(
+            [known[s][g][0] for s, g in zip(sources.tolist(), gpos.tolist(), strict=True)]
+        )
+        return self.images.encoder_costs(sources, gpos, lengths, full)
 
     def still_blocked(self) -> bool:
         """Planning stopped at a sample that is still not reported: it would stop again."""
@@ -131,10 +111,8 @@ class Routing:
         """Keep what planning needs; route a lost loader's samples to where they were going;
         tell the loader to discard what was placed already (before a restart, or by a lost
         loader)."""
-        known, vision = self.known[msg.source], self.vision[msg.source]
-        patches = np.array(msg.patches, dtype=np.int64)
-        image_rows = np.array(msg.image_rows or [0] * len(msg.patches), dtype=np.int64)
-        first = np.cumsum((0, *msg.images)).tolist() if msg.images else []
+        known = self.known[msg.source]
+        kept: list[int] = []
         unneeded = []
         rerouted: dict[int, list[tuple[int, int, int]]] = {}
         for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
@@ -146,15 +124,8 @@ class Routing:
                 unneeded.append(gpos)
             else:
                 known[gpos] = (length, sample_id, identity)
-                if first and first[offset + 1] > first[offset]:
-                    own = patches[first[offset] : first[offset + 1]]
-                    vision[gpos] = self.encoder(own)
-                    rows = image_rows[first[offset] : first[offset + 1]]
-                    self.piece_patches[msg.source][gpos] = np.bincount(rows, own)
-                kept = msg.images[offset] if msg.images else 0
-                skipped = msg.skipped[offset] if msg.skipped else 0
-                if kept or skipped:
-                    self.image_counts[msg.source][gpos] = (kept, skipped)
+                kept.append(offset)
+        self.images.add(msg, kept)
         for step, entries in rerouted.items():
             self.out.send(identity, route_message(step, entries))
         if unneeded:
@@ -181,6 +152,7 @@ class Routing:
         per_constructor: dict[int, list[PlanEntry]] = {}
         routes: Routes = {}
         figures = StepFigures(len(self.known))
+        images = self.images if self.images.any() else None  # text jobs look nothing up
         for dp, rank_rows in enumerate(plan.rows):
             dests = dp_constructors[dp]
             for row, slots in enumerate(rank_rows):
@@ -202,10 +174,10 @@ class Routing:
                     routes.setdefault(loader, {}).setdefault(key, set()).update(dests)
                     figures.samples[slot.source] += slot.offset == 0
                     figures.tokens[slot.source] += slot.length
-                    counted = self.image_counts[slot.source].get(slot.gpos)
+                    counted = None if images is None else images.get(slot.source, slot.gpos)
                     if counted is not None and slot.offset == 0:
-                        figures.images[slot.source] += counted[0]
-                        figures.skipped[slot.source] += counted[1]
+                        figures.images[slot.source] += counted.kept
+                        figures.skipped[slot.source] += counted.skipped
         for source, gpos in plan.dropped:
             loader = self.known[source][gpos][2]
             routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
@@ -219,9 +191,7 @@ class Routing:
         for loader, by_key in routes.items():  # one Route per loader process
             for source, gpos in by_key:
                 self.known[source].pop(gpos)
-                self.vision[source].pop(gpos, None)
-                self.image_counts[source].pop(gpos, None)
-                self.piece_patches[source].pop(gpos, None)
+                self.images.forget(source, gpos)
             entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
             self.out.send(loader, route_message(step, entries))
 
@@ -240,10 +210,7 @@ class Routing:
             known = self.known[source]
             for gpos in [g for g, entry in known.items() if entry[2] == lost]:
                 del known[gpos]
-                self.vision[source].pop(gpos, None)
-                self.image_counts[source].pop(gpos, None)
-                self.piece_patches[source].pop(gpos, None)
-                self.piece_patches[source].pop(gpos, None)
+                self.images.forget(source, gpos)
         self.blocked = None
 
     def first_needed(self, state: PlannerState, sources: Iterable[int]) -> tuple[int, ...]:
