@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import yaml
 
@@ -45,9 +46,11 @@ from benchmarks.dataloader.procmon import ProcessSampler, children_of, command_k
 from benchmarks.dataloader.report import machine
 from benchmarks.dataloader.run_baseline import start_ranks, wait_ranks
 from benchmarks.dataloader.sweep import msd_digest
-from benchmarks.dataloader.vlm_baseline import VisionConfig, VlmStreamConfig
+from benchmarks.dataloader.vlm_baseline import MAX_PIXELS, VlmStreamConfig
 from benchmarks.dataloader.vlm_cost import mean_rank_cost
 from benchmarks.dataloader.vlm_data import VlmDataset, VlmDataSpec, ensure_vlm_data
+from msd.recipe.schema import Vision
+from msd.sources.fuse import geometry_of
 
 TRAINER_MODULE = "benchmarks.dataloader.trainer"
 SYSTEMS = ("baseline", "msd")
@@ -131,7 +134,7 @@ def trainer_argv(system: str, log_dir: Path, model: CostModel, spc: float) -> li
 
 
 def stream_config(
-    point: VlmPoint, dataset: VlmDataset, settings: Settings, vision: VisionConfig
+    point: VlmPoint, dataset: VlmDataset, settings: Settings, vision: Vision
 ) -> VlmStreamConfig:
     return VlmStreamConfig(
         paths=tuple(s.path for s in dataset.sources),
@@ -152,7 +155,7 @@ def run_baseline(
     point: VlmPoint,
     dataset: VlmDataset,
     settings: Settings,
-    vision: VisionConfig,
+    vision: Vision,
     run_dir: Path,
     spc: float,
 ) -> dict[str, Any]:
@@ -190,7 +193,7 @@ def recipe_dict(
     point: VlmPoint,
     dataset: VlmDataset,
     settings: Settings,
-    vision: VisionConfig,
+    vision: Vision,
     command: str,
     sources_per_process: int,
     options: dict[str, Any] | None = None,
@@ -210,7 +213,7 @@ def recipe_dict(
         "global_batch_tokens": point.global_batch_tokens,
         "micro_batch_size": point.rows,
         "distribute": {"dp": point.ranks},
-        "vision": vision.recipe(),
+        "vision": msgspec.to_builtins(vision),
         "sources": [
             {
                 "name": s.name,
@@ -240,7 +243,7 @@ def run_msd(
     point: VlmPoint,
     dataset: VlmDataset,
     settings: Settings,
-    vision: VisionConfig,
+    vision: Vision,
     run_dir: Path,
     spc: float,
 ) -> dict[str, Any]:
@@ -293,7 +296,7 @@ def run_point(
     point: VlmPoint,
     settings: Settings,
     spec: VlmDataSpec,
-    vision: VisionConfig,
+    vision: Vision,
     systems: tuple[str, ...],
     data_root: Path,
 ) -> dict[str, Any]:
@@ -301,7 +304,7 @@ def run_point(
     patience = patience_of(point.ranks * point.rows)
     cost = mean_rank_cost(
         dataset.sources,
-        vision.geometry,
+        geometry_of(vision),
         point.seq_len,
         point.rows,
         patience,
@@ -317,7 +320,7 @@ def run_point(
             "images": sum(len(x) for s in dataset.sources for x in s.image_sizes),
             "samples": sum(s.samples for s in dataset.sources),
         },
-        "vision": vision.recipe(),
+        "vision": msgspec.to_builtins(vision),
         "steps": settings.steps,
         "warmup": settings.warmup,
         "msd_source_digest": msd_digest(),
@@ -514,7 +517,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sources-per-process", type=int, default=SOURCES_PER_PROCESS)
     parser.add_argument("--images", type=int, default=VlmDataSpec.images, help="per source")
     parser.add_argument("--rg-images", type=int, default=VlmDataSpec.rg_images)
-    parser.add_argument("--max-pixels", type=int, default=VisionConfig.max_pixels)
+    parser.add_argument("--max-pixels", type=int, default=MAX_PIXELS)
     parser.add_argument("--buffer-tokens", type=int, help="msd's loader.buffer_tokens")
     parser.add_argument(
         "--balance-method", choices=("greedy", "karmarkar_karp", "none"), default="greedy"
@@ -541,7 +544,7 @@ def main(argv: list[str] | None = None) -> None:
         sources_per_process=args.sources_per_process,
         timeout_s=args.timeout_s,
     )
-    vision = VisionConfig(max_pixels=args.max_pixels)
+    vision = Vision(max_pixels=args.max_pixels)
     MSD_OPTIONS.update(buffer_tokens=args.buffer_tokens, balance_method=args.balance_method)
     results: dict[str, Any] = {
         "machine": machine(),

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,45 +37,26 @@ from torch.utils.data import IterableDataset, get_worker_info
 from benchmarks.dataloader.baseline import DRAWS_PER_CALL
 from benchmarks.dataloader.packing import Item, MicroBatchPacker
 from msd.pack import Piece, pack_rows
-from msd.recipe.schema import Transform
+from msd.recipe.schema import Transform, Vision
 from msd.sample import SampleImages
-from msd.sources.fuse import Fuser, FuseSpec
+from msd.sources.fuse import Fuser, FuseSpec, geometry_of
 from msd.sources.image_rows import ROW_TYPE
 from msd.sources.read import READ_BUFFER_BYTES
 from msd.sources.transforms import make_transform
-from msd.sources.vision import ImageGeometry
 
 TEXT_COLUMN = "text"
 
 
-@dataclass(frozen=True)
-class VisionConfig:
-    """The recipe's ``vision`` settings the baseline needs (the same geometry msd decodes with)."""
+# The benchmark's images: at most 256 tokens each (the recipe's ``vision.max_pixels``).
+MAX_PIXELS = 14 * 14 * 4 * 256
+VISION = Vision(max_pixels=MAX_PIXELS)
 
-    patch_size: int = 14
-    merge_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 14 * 14 * 4 * 256
-    temporal_patch_size: int = 1
-    image_token_id: int = 151655
-    marker: str = "<image>"
 
-    @property
-    def geometry(self) -> ImageGeometry:
-        return ImageGeometry(
-            patch_size=self.patch_size,
-            merge_size=self.merge_size,
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-            temporal_patch_size=self.temporal_patch_size,
-        )
-
-    def recipe(self) -> dict[str, object]:
-        return asdict(self)
-
-    def fuse_spec(self, seq_len: int) -> FuseSpec:
-        """What msd's loaders use for ``balance.long_samples: truncate``."""
-        return FuseSpec(self.geometry, self.image_token_id, self.marker, seq_len, "truncate", 1)
+def truncating_fuse_spec(vision: Vision, seq_len: int) -> FuseSpec:
+    """What msd's loaders use for ``balance.long_samples: truncate``."""
+    return FuseSpec(
+        geometry_of(vision), vision.image_token_id, vision.marker, seq_len, "truncate", 1
+    )
 
 
 @dataclass(frozen=True)
@@ -87,7 +69,7 @@ class VlmStreamConfig:
     seq_len: int
     rows: int
     patience: int
-    vision: VisionConfig = VisionConfig()
+    vision: Vision = VISION
     seed: int = 0
     workers: int = 2
     steps: int = 100
@@ -95,13 +77,16 @@ class VlmStreamConfig:
     sharing_strategy: str = "file_descriptor"
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self)))
+        fields = {**asdict(self), "vision": msgspec.to_builtins(self.vision)}
+        path.write_text(json.dumps(fields))
 
     @staticmethod
     def load(path: Path) -> VlmStreamConfig:
         raw = json.loads(path.read_text())
         tuples = {k: tuple(raw[k]) for k in ("paths", "image_columns", "weights")}
-        return VlmStreamConfig(**{**raw, **tuples, "vision": VisionConfig(**raw["vision"])})
+        return VlmStreamConfig(
+            **{**raw, **tuples, "vision": msgspec.convert(raw["vision"], Vision)}
+        )
 
 
 def image_rows(table: pa.Table, image_column: str) -> pa.StructArray:
@@ -228,7 +213,7 @@ class MixedImageStream(IterableDataset[dict[str, torch.Tensor]]):
     def cursors(self, worker: int, workers: int) -> list[ImageSourceCursor]:
         shard, num_shards = self.rank * workers + worker, self.world_size * workers
         tokenize = make_transform(Transform(kind="bytes"), "text")
-        spec = self.config.vision.fuse_spec(self.config.seq_len)
+        spec = truncating_fuse_spec(self.config.vision, self.config.seq_len)
         return [
             ImageSourceCursor(
                 path,

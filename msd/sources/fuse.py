@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from msd.recipe.schema import Recipe
+from msd.recipe.schema import Recipe, Vision
 from msd.sample import FILLER, SampleImages
 from msd.sources.transforms import Ids, Tokenize
 from msd.sources.vision import DecodedImage, DecodeFailure, ImageGeometry, decode
@@ -58,16 +58,21 @@ class FuseSpec:
     max_patches: int | None = None  # of one piece (a row's share of a micro-batch's budget)
 
 
+def geometry_of(vision: Vision) -> ImageGeometry:
+    """How a recipe's ``vision`` section cuts images into patches."""
+    return ImageGeometry(
+        patch_size=vision.patch_size,
+        merge_size=vision.merge_size,
+        min_pixels=vision.min_pixels,
+        max_pixels=vision.max_pixels,
+        temporal_patch_size=vision.temporal_patch_size,
+    )
+
+
 def fuse_spec(recipe: Recipe) -> FuseSpec:
     """How this recipe's image samples are made."""
     v = recipe.vision
-    geometry = ImageGeometry(
-        patch_size=v.patch_size,
-        merge_size=v.merge_size,
-        min_pixels=v.min_pixels,
-        max_pixels=v.max_pixels,
-        temporal_patch_size=v.temporal_patch_size,
-    )
+    geometry = geometry_of(v)
     rows = recipe.global_batch_tokens // recipe.seq_len
     return FuseSpec(
         geometry,
@@ -78,11 +83,6 @@ def fuse_spec(recipe: Recipe) -> FuseSpec:
         rows,
         recipe.balance.max_patches,
     )
-
-
-def split_markers(text: str, marker: str) -> list[str]:
-    """The text between markers: one more segment than there are markers."""
-    return text.split(marker) if marker else [text]
 
 
 def decode_all(

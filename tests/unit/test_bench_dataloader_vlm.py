@@ -16,16 +16,17 @@ from benchmarks.dataloader.cost import CostModel
 from benchmarks.dataloader.vlm import VlmPoint, parse_point, ratios
 from benchmarks.dataloader.vlm_baseline import (
     MixedImageStream,
-    VisionConfig,
     VlmStreamConfig,
 )
 from benchmarks.dataloader.vlm_cost import batch_costs, mean_rank_cost, sample_shapes
 from benchmarks.dataloader.vlm_data import VlmDataset, VlmDataSpec, ensure_vlm_data
 from msd.pack import Piece, pack_rows
+from msd.recipe.schema import Vision
 from msd.sample import SampleImages
+from msd.sources.fuse import geometry_of
 from msd.sources.vision import DecodedImage, decode
 
-VISION = VisionConfig(max_pixels=14 * 14 * 4 * 64)
+VISION = Vision(max_pixels=14 * 14 * 4 * 64)
 SEQ_LEN = 4096  # no image of the tiny data is cut at seq_len
 SPEC = VlmDataSpec(2, images=24, rg_images=6, median_side=96, max_side=256)
 
@@ -102,7 +103,7 @@ def test_pixels_match_decode_and_placeholders_match_patches(dataset: VlmDataset)
     for batch in batches(dataset, 0, 1, 0, 1, 4):
         bounds, grids = batch["vision_cu_seqlens"], batch["image_grid_thw"]
         assert batch["pixel_values"].dtype == np.uint8
-        assert batch["pixel_values"].shape[1] == VISION.geometry.patch_values
+        assert batch["pixel_values"].shape[1] == geometry_of(VISION).patch_values
         assert np.array_equal(np.diff(bounds), grids.prod(axis=1))
         placeholders = int(np.count_nonzero(batch["input_ids"] == VISION.image_token_id))
         assert placeholders == int(grids.prod(axis=1).sum()) // VISION.merge_size**2
@@ -111,7 +112,7 @@ def test_pixels_match_decode_and_placeholders_match_patches(dataset: VlmDataset)
             batch["image_source_ids"].tolist(), batch["image_sample_ids"].tolist(), strict=True
         )
         for k, key in enumerate(owners):
-            expected = decode(images[key][nth[key]], VISION.geometry)
+            expected = decode(images[key][nth[key]], geometry_of(VISION))
             nth[key] += 1
             assert isinstance(expected, DecodedImage)
             assert np.array_equal(
@@ -150,13 +151,13 @@ def test_sample_shapes_follow_the_geometry_and_the_calibration_is_positive(
     dataset: VlmDataset,
 ) -> None:
     source = dataset.sources[1]
-    shapes = sample_shapes(source, VISION.geometry, SEQ_LEN)
+    shapes = sample_shapes(source, geometry_of(VISION), SEQ_LEN)
     images = source_images(dataset)
     for row, (length, patches) in enumerate(shapes[:5]):
-        decoded = [decode(b, VISION.geometry) for b in images[(1, row)]]
+        decoded = [decode(b, geometry_of(VISION)) for b in images[(1, row)]]
         assert list(patches) == [len(d.patches) for d in decoded]  # type: ignore[union-attr]
         assert length == min(SEQ_LEN, source.text_tokens[row] + sum(patches) // 4)
-    cost = mean_rank_cost(dataset.sources, VISION.geometry, SEQ_LEN, 2, 4, CostModel(), 20)
+    cost = mean_rank_cost(dataset.sources, geometry_of(VISION), SEQ_LEN, 2, 4, CostModel(), 20)
     assert cost > 2 * SEQ_LEN  # at least the padding runs' linear cost
 
 
