@@ -60,7 +60,7 @@ SOURCES_PER_PROCESS = 32
 VLM_COST = CostModel(attn=1.0, lin=256.0, enc_attn=1.0, enc_lin=256.0)
 MEMORY_TARGET = 13.5  # at S = 64 (the issue's)
 BALANCE_TARGET = 0.95  # msd speed-up / perfect-balance speed-up
-MSD_OPTIONS: dict[str, Any] = {}  # set from the command line: buffer_tokens, balance_method
+MSD_OPTIONS: dict[str, Any] = {}  # from the command line: buffer_tokens/bytes, balance_method
 
 
 @dataclass(frozen=True)
@@ -198,12 +198,14 @@ def recipe_dict(
     sources_per_process: int,
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The recipe; ``options``: ``buffer_tokens`` (loader read-ahead), ``balance_method``."""
+    """The recipe; ``options``: ``buffer_tokens``, ``buffer_bytes`` (loader read-ahead),
+    ``balance_method``."""
     model = settings.cost
     options = options or {}
     loader: dict[str, Any] = {"sources_per_process": sources_per_process}
-    if options.get("buffer_tokens"):
-        loader["buffer_tokens"] = options["buffer_tokens"]
+    for key in ("buffer_tokens", "buffer_bytes"):
+        if options.get(key):
+            loader[key] = options[key]
     method = options.get("balance_method") or "greedy"
     return {
         "name": f"dl-{point.key}",
@@ -519,6 +521,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rg-images", type=int, default=VlmDataSpec.rg_images)
     parser.add_argument("--max-pixels", type=int, default=MAX_PIXELS)
     parser.add_argument("--buffer-tokens", type=int, help="msd's loader.buffer_tokens")
+    parser.add_argument("--buffer-bytes", type=int, help="msd's loader.buffer_bytes")
     parser.add_argument(
         "--balance-method", choices=("greedy", "karmarkar_karp", "none"), default="greedy"
     )
@@ -545,7 +548,11 @@ def main(argv: list[str] | None = None) -> None:
         timeout_s=args.timeout_s,
     )
     vision = Vision(max_pixels=args.max_pixels)
-    MSD_OPTIONS.update(buffer_tokens=args.buffer_tokens, balance_method=args.balance_method)
+    MSD_OPTIONS.update(
+        buffer_tokens=args.buffer_tokens,
+        buffer_bytes=args.buffer_bytes,
+        balance_method=args.balance_method,
+    )
     results: dict[str, Any] = {
         "machine": machine(),
         "settings": {

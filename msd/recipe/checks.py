@@ -282,6 +282,9 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     if buffer is not None:
         fix = "buffer at least one row, or omit it for two global batches"
         problems += _at_least("loader.buffer_tokens", buffer, recipe.seq_len, fix)
+    if recipe.loader.buffer_bytes is not None:
+        fix = "hold at least 1 MiB of patches, or omit it for a global batch of image tokens"
+        problems += _at_least("loader.buffer_bytes", recipe.loader.buffer_bytes, 2**20, fix)
     per_process = recipe.loader.sources_per_process
     fix = "serve at least 1 source per loader process"
     problems += _at_least("loader.sources_per_process", per_process, 1, fix)

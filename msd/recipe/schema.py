@@ -175,6 +175,11 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     buffer_tokens: read-ahead of the whole data plane, shared out over the sources by their
         largest share of the mix (at least ``seq_len`` tokens each); default
         ``prefetch_steps + 4`` global batches (a few MB: tokens are small next to row groups).
+    buffer_bytes: how many bytes of decoded image patches the whole data plane's loaders hold
+        unrouted, shared out like ``buffer_tokens`` (an image source stops reading ahead at
+        whichever it reaches first); default: a global batch of image tokens' patches
+        (``global_batch_tokens × merge_size² × 3·t·patch_size²``). The Planner asks for what it
+        waits for whatever the budget, so a small one costs wait, never data.
     sources_per_process: how many sources with ``loaders: 1`` one loader process serves (in
         recipe order), so many light sources do not mean as many processes.
     cpus: the loader processes that sources with ``loaders: auto`` share (default: this
@@ -187,6 +192,7 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 
     block_row_groups: int = 1
     buffer_tokens: int | None = None
+    buffer_bytes: int | None = None
     sources_per_process: int = 1
     cpus: int | None = None
     groups: tuple[tuple[str, ...], ...] = ()
@@ -335,6 +341,12 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     def loader_buffer_tokens(self) -> int:
         default = (self.constructor.prefetch_steps + 4) * self.global_batch_tokens
         return self.loader.buffer_tokens or default
+
+    @property
+    def loader_buffer_bytes(self) -> int:
+        vision = self.vision
+        per_token = vision.merge_size**2 * 3 * vision.temporal_patch_size * vision.patch_size**2
+        return self.loader.buffer_bytes or self.global_batch_tokens * per_token
 
 
 def stream_fingerprint(recipe: Recipe) -> str:

@@ -11,6 +11,7 @@ import sys
 
 from msd import logs
 from msd.jobdir import JobDir
+from msd.roles.allocator import fix_mmap_threshold
 from msd.roles.common import (
     FAILURE_PREFIX,
     StopRequested,
@@ -33,6 +34,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     logs.setup(args.role, _name(args))
+    fix_mmap_threshold()
     die_with_parent()
     stop_on_signals()
     job = JobDir(args.job)

@@ -2,7 +2,8 @@
 chunk at a time, holding what it reported until it is routed (``SourceShard``).
 
 Memory is bounded per source, not per rank: a shard reads ahead only while it holds fewer
-unrouted tokens than its share of ``buffer_tokens`` (the source's largest share of the mix),
+unrouted tokens than its share of ``buffer_tokens`` (the source's largest share of the mix)
+and, for an image source, fewer bytes of decoded patches than its share of ``buffer_bytes``,
 or up to a position the Planner waits for; and of a block's text it keeps only the rows not yet
 tokenized next (``Visit``): a window of about 256 KiB, not a row group, per source.
 """
@@ -55,6 +56,14 @@ def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
     return max(recipe.seq_len, int(recipe.loader_buffer_tokens * peak / loaders))
 
 
+def shard_bytes(recipe: Recipe, source: int, loaders: int) -> int:
+    """Bytes of decoded patches one of ``loaders`` shards of ``source`` may hold unrouted:
+    ``buffer_bytes`` shared out like the tokens (a shard holding nothing still reads: at least
+    one sample is held whatever the share)."""
+    peak = peak_shares(schedule_of(recipe))[source]
+    return max(1, int(recipe.loader_buffer_bytes * peak / loaders))
+
+
 class SourceShard:
     """One shard of one source: its visits, the tokens it holds, and how far it may read.
 
@@ -91,12 +100,15 @@ class SourceShard:
         self.skip_below = 0  # positions before it were placed before the step the job resumed at
         self.reader = reader
         self.mix_budget = shard_budget(recipe, shard.source, self.stride)
+        self.mix_bytes = shard_bytes(recipe, shard.source, self.stride)
         self.block_rows = max(b.num_rows for b in self.blocks)
         self._order: EpochOrder | None = None
         self.visit: Visit | None = None
         self.want = -1
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
+        self.held_bytes = 0  # of decoded patches
+        self.bytes_read = 0
         self.filling = True
         self.samples_read = 0
         self.tokens_read = 0
@@ -180,17 +192,27 @@ class SourceShard:
         return max(self.mix_budget, 2 * block_tokens)
 
     @property
+    def byte_budget(self) -> int:
+        """Bytes of patches this shard may hold unrouted: like ``budget``, its share of the
+        read-ahead, or two blocks' worth when it has sibling shards."""
+        if self.stride == 1 or not self.samples_read:
+            return self.mix_bytes
+        return max(self.mix_bytes, 2 * int(self.block_rows * self.bytes_read / self.samples_read))
+
+    @property
     def fill(self) -> float:
         """How full the read-ahead is (the emptiest hungry shard reads first)."""
-        return self.held_tokens / self.budget
+        if self.fuser is None:
+            return self.held_tokens / self.budget
+        return max(self.held_tokens / self.budget, self.held_bytes / self.byte_budget)
 
     @property
     def hungry(self) -> bool:
         """Reading ahead: from below half the budget up to all of it (so a shard reads in
         chunks, not a sample each time one is routed)."""
-        if self.held_tokens >= self.budget or self.next_gpos() is None:
+        if self.fill >= 1 or self.next_gpos() is None:
             self.filling = False
-        elif 2 * self.held_tokens < self.budget:
+        elif 2 * self.fill < 1:
             self.filling = True
         return self.filling
 
@@ -230,6 +252,8 @@ class SourceShard:
             for offset, p in enumerate(pixels):
                 if p is not None:
                     self.pixels[gpos_start + offset] = p
+                    self.held_bytes += p.patches.nbytes
+                    self.bytes_read += p.patches.nbytes
             images = tuple(0 if p is None else len(p.grids) for p in pixels)
             patches = tuple(n for p in pixels if p is not None for n in p.counts)
             skipped = tuple(self.fuser.skipped_per_sample)
@@ -272,7 +296,9 @@ class SourceShard:
 
     def forget(self, gpos: int) -> None:
         self.held_tokens -= _held_cost(self.held.pop(gpos))
-        self.pixels.pop(gpos, None)
+        images = self.pixels.pop(gpos, None)
+        if images is not None:
+            self.held_bytes -= images.patches.nbytes
 
     def _open_visit(self) -> Visit | None:
         """Read (not yet tokenize) the column of this shard's next block."""

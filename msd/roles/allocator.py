@@ -1,0 +1,41 @@
+"""How a role process's C allocator hands memory back (glibc only; elsewhere a no-op).
+
+glibc serves a request of at least its mmap threshold with its own mapping, returned to the
+system when freed, and everything smaller from its heaps, which give back only whole free
+pages at their top. The threshold starts at 128 KiB and rises to the largest block freed so
+far, up to 32 MiB: after a role frees one payload of decoded patches (a few MB), every later
+buffer below that size is carved from the heaps, and the holes between live ones stay
+resident. Fixing the threshold keeps payload-sized buffers in mappings of their own.
+Measured on an image job (``python -m benchmarks.dataloader --vlm``, S = 64): the data plane's
+peak memory 606 -> 441 MiB, its CPU per image about 7 % higher (a mapping's pages are faulted
+in each time).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+MMAP_THRESHOLD = 1 << 20
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Serve blocks of at least ``threshold`` bytes from mappings of their own, whatever the
+    process frees later; True if the allocator took it (glibc on Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    taken = bool(mallopt(M_MMAP_THRESHOLD, threshold))
+    if not taken:
+        log.debug("the C allocator refused an mmap threshold of %d bytes", threshold)
+    return taken
