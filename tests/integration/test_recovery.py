@@ -80,10 +80,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory, small_data: Path) -> dic
 
 def role_pids(launcher: int, role: str) -> list[int]:
     """The launcher's processes of one role (by their command line)."""
-    marks = {
-        "planner": "planner",
-        "loader": "loader",
-        "constructor": "constructor",
+    marks = {  # the role argument, not a path: a test's folder may be named after a role
+        "planner": "msd.roles planner",
+        "loader": "msd.roles loader",
+        "constructor": "msd.roles constructor",
         "trainer": "msd.trainer.demo",
     }
     pids = []
@@ -270,4 +270,34 @@ def test_a_shadow_takes_a_lost_loaders_place_and_the_stream_is_unchanged(
         else []
     )
     assert len(takeovers) == (0 if victim == "shadow" else len(at_steps)), takeovers
+    assert processes_of_launcher(proc.pid) == []
+
+
+def test_without_a_shadow_a_loader_silent_past_its_heartbeat_is_waited_for(
+    tmp_path: Path, small_data: Path, reference: dict
+) -> None:
+    """A loader stopped for twice its heartbeat (as one starved of CPU is) and then continued:
+    with no shadow to take its place it is waited for, not dropped, and the run ends with the
+    stream of the run without failure and nothing restarted."""
+    doc = recipe(small_data)
+    doc["loader"] = {"heartbeat_s": 2}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml", "--json")
+    try:
+        job = wait_for_step(tmp_path, 30, proc)
+        victim = role_pids(proc.pid, "loader")[0]
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(4.5)
+        os.kill(victim, signal.SIGCONT)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_launch_ok(proc, out, err)
+    assert digests(job) == {k: v for k, v in reference.items() if k != "counts"}
+    assert counts(out) == reference["counts"]
+    assert json.loads((job / "job.json").read_text())["recoveries"] == []
+    planner_log = (job / "logs" / "planner-planner.log").read_text()
+    assert "no shadow stands by; waiting for it" in planner_log
+    assert "is heard from again" in planner_log
     assert processes_of_launcher(proc.pid) == []

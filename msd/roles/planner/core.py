@@ -304,11 +304,12 @@ class PlannerCore:
         judging.warn_truncated(self.recipe, self.stream.spec, truncated, self.warned_truncated)
 
     def check_heartbeats(self) -> None:
-        """A loader or shadow silent for ``loader.heartbeat_s`` is taken for lost."""
+        """A loader silent for ``loader.heartbeat_s`` is replaced by a shadow (or waited for,
+        with none); a shadow silent that long is forgotten."""
         heartbeat_s = self.recipe.loader.heartbeat_s
         limit = self.clock() - heartbeat_s
-        for name in self.registry.silent_loaders(limit):
-            self.failover.lose(name, f"silent for {heartbeat_s:g} s", self.state, self.consumed)
+        silent = self.registry.silent_loaders(limit)
+        self.failover.silent(silent, f"silent for {heartbeat_s:g} s", self.state, self.consumed)
         self.registry.forget_silent_shadows(limit)
 
     def autoscale(self) -> None:

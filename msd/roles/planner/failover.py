@@ -40,6 +40,22 @@ class Failover:
         self.routing = routing
         self.observer = observer
         self.takeovers = list(load_takeovers(job.shadows, recipe))
+        self.waiting: set[str] = set()  # loaders silent too long that no shadow can replace
+
+    def silent(self, names: list[str], why: str, state: PlannerState, consumed: int) -> None:
+        """``names``: the loaders silent for too long. One a shadow can replace is lost to it;
+        the others are waited for: a loader starved of CPU is slow, not gone, and a dead
+        one's process end is what restarts the data plane (the launcher sees it)."""
+        for name in names:
+            peer = self.registry.loaders.get(name)
+            if peer is None or self.registry.has_shadow(peer.hello.sources):
+                self.lose(name, why, state, consumed)
+            elif name not in self.waiting:
+                log.warning("loader %s is %s and no shadow stands by; waiting for it", name, why)
+        heard = self.waiting - set(names)
+        for name in sorted(heard):
+            log.info("loader %s is heard from again", name)
+        self.waiting = {n for n in names if n in self.registry.loaders}
 
     def lose(self, name: str, why: str, state: PlannerState, consumed: int) -> None:
         """Loader ``name`` is gone: hand its place to a shadow, if one stands by."""

@@ -52,12 +52,14 @@ class Planner:
                 return
             if core.rewind_to is not None:
                 return
-            if core.running:
-                core.advance()
-                self._flush()
+            # Heartbeats are judged on what was just drained, not after planning: a Planner
+            # slow to plan must not take its loaders' queued messages for silence.
             now = time.monotonic()
             if now >= self.next_tick:
                 self._tick(now)
+            if core.running:
+                core.advance()
+                self._flush()
             if core.scaling.settings is not None and core.running and now >= self.next_scale:
                 self.next_scale = now + self.recipe.loader.autoscale.every_s
                 core.autoscale()

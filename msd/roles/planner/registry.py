@@ -124,8 +124,14 @@ class Registry:
     def take_shadow(self, sources: tuple[int, ...]) -> Peer | None:
         """A shadow standing by for a loader of these sources (only single-source loaders
         have one), removed from the standby list."""
-        shadows = self.standby.get(sources[0], []) if len(sources) == 1 else []
+        shadows = self._shadows(sources)
         return shadows.pop(0) if shadows else None
+
+    def has_shadow(self, sources: tuple[int, ...]) -> bool:
+        return bool(self._shadows(sources))
+
+    def _shadows(self, sources: tuple[int, ...]) -> list[Peer]:
+        return self.standby.get(sources[0], []) if len(sources) == 1 else []
 
     # -- Constructor progress -----------------------------------------------------------------
     def on_progress(self, identity: bytes, msg: Progress) -> None:
