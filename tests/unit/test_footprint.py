@@ -1,0 +1,71 @@
+"""A role process's footprint: pyarrow does not pull pandas in, and the allocator keeps
+payload-sized buffers in mappings of their own. Each check runs in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_pyarrow_converts_python_objects_without_importing_pandas() -> None:
+    pytest.importorskip("pandas")  # where it is not installed there is nothing to keep out
+    code = """
+import sys
+import pyarrow as pa
+from msd.roles.footprint import keep_pandas_out
+keep_pandas_out()
+pa.array([1, None]); pa.array(["text", None]); pa.array([b"x"]).take(pa.array([0]))
+print("pandas" in sys.modules)
+import pandas
+print(pandas.DataFrame({"a": [1]}).shape)
+"""
+    assert run(code).splitlines() == ["False", "(1, 1)"]
+    # without it, pyarrow's first conversion imports pandas
+    assert run("import sys, pyarrow as pa; pa.array([1]); print('pandas' in sys.modules)") == "True"
+
+
+MAPPED_AFTER_A_FREE = """
+import ctypes, sys
+from msd.roles.footprint import fix_mmap_threshold
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+if sys.argv[1] == "fixed":
+    fix_mmap_threshold()
+libc.free(libc.malloc(8 << 20))  # a payload freed: glibc's threshold would rise to 8 MiB
+before = libc.mallinfo2().hblks  # blocks in mappings of their own
+block = libc.malloc(2 << 20)
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_fixed_threshold_keeps_a_2_mib_buffer_in_its_own_mapping_after_a_large_free() -> None:
+    def mapped(mode: str) -> int:
+        done = subprocess.run(
+            [sys.executable, "-c", MAPPED_AFTER_A_FREE, mode],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return int(done.stdout.split()[-1])
+
+    assert mapped("fixed") == 1
+    assert mapped("default") == 0  # the risen threshold puts it in the heap
