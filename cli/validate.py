@@ -52,5 +52,9 @@ def validate(
             str(s.loaders),
         )
     console.print(table)
+    for s in summaries:
+        if (left_out := s.left_out_warning()) is not None:
+            line = f"[bold yellow]warning:[/] {left_out}"
+            err_console.print(line, highlight=False, soft_wrap=True)
     warn_if_many_loaders(count_processes(parsed, os.cpu_count() or 1), parsed.cluster)
     warn_long_samples(parsed)

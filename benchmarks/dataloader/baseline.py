@@ -35,7 +35,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from benchmarks.dataloader.packing import Item, MicroBatchPacker, split_long
 from msd.pack import pack_rows
 from msd.recipe.schema import Transform
-from msd.sources.read import READ_BUFFER_BYTES
+from msd.sources.formats.parquet import READ_BUFFER_BYTES
 from msd.sources.transforms import Tokenize, make_transform
 
 TEXT_COLUMN = "text"

@@ -39,9 +39,9 @@ from benchmarks.dataloader.packing import Item, MicroBatchPacker
 from msd.pack import Piece, pack_rows
 from msd.recipe.schema import Transform, Vision
 from msd.sample import SampleImages
+from msd.sources.formats.parquet import READ_BUFFER_BYTES
 from msd.sources.fuse import Fuser, FuseSpec, geometry_of
 from msd.sources.image_rows import ROW_TYPE
-from msd.sources.read import READ_BUFFER_BYTES
 from msd.sources.transforms import make_transform
 
 TEXT_COLUMN = "text"

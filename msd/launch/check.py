@@ -22,6 +22,17 @@ class SourceSummary:
     column: str
     weight: float
     loaders: int | str
+    left_out: tuple[str, ...] = ()  # what the files hold that no sample comes from, per file
+
+    def left_out_warning(self, shown: int = 3) -> str | None:
+        """One sentence on what the source's files hold that is left out, or None."""
+        if not self.left_out:
+            return None
+        first = "; ".join(self.left_out[:shown])
+        more = f" (and {len(self.left_out) - shown} more)" if len(self.left_out) > shown else ""
+        return f"source '{self.name}' leaves out what its files cannot give as samples: " + (
+            first + more
+        )
 
 
 def check_sources(
@@ -48,6 +59,7 @@ def check_sources(
                 index.column,
                 source.weight,
                 source.loaders,
+                index.problems,
             )
         )
     return summaries

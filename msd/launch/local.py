@@ -21,6 +21,7 @@ from typing import Any
 from msd.control.client import planner_socket
 from msd.control.rescales import load_rescales
 from msd.control.shadows import fate_of_dead_loader, load_takeovers, shadows_used
+from msd.errors import LaunchError
 from msd.jobdir import REWIND_EXIT, constructor_endpoint_name, full_message, nearly_full
 from msd.launch import procs
 from msd.launch.job import Job, final_status, logged_error
@@ -30,6 +31,7 @@ from msd.wire import transport
 from msd.wire.protocol import LoaderLost, Status
 
 POLL_S = 0.1
+PLANNER_START_S = 60.0  # from start to the Planner's endpoint: it indexes every source first
 
 
 @contextlib.contextmanager
@@ -141,7 +143,17 @@ class LocalJob(Job):
 
     # -- watching -----------------------------------------------------------------------------
     def _connect(self) -> None:
-        self.sock = planner_socket(self.job)
+        """Connect once the Planner has published its endpoint; a Planner that ends before
+        (its sources could not be opened) fails the launch with its error, at once."""
+        planner = next(c for c in self.children if c.role == "planner")
+        deadline = time.monotonic() + PLANNER_START_S
+        while self.job.read_endpoint("planner") is None and planner.popen.poll() is None:
+            if time.monotonic() > deadline:
+                break  # planner_socket says so
+            time.sleep(0.02)
+        if planner.popen.poll() is not None and self.job.read_endpoint("planner") is None:
+            raise LaunchError(self._describe_failure(planner, None))
+        self.sock = planner_socket(self.job, timeout_s=1.0)
 
     def _check(self, status: Status | None) -> tuple[bool, str | None]:
         failed = self._failed_child()

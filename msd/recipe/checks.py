@@ -138,15 +138,20 @@ def _check_images(key: str, source: Source) -> list[Problem]:
     """An image source: WebDataset shards (images by extension) or Parquet with an image column,
     and text (not token ids) beside the images."""
     problems = []
-    if source.format == "webdataset" and source.image_column is not None:
+    if source.data_format == "webdataset" and source.image_column is not None:
         fix = "WebDataset images are the members named by image_exts; remove image_column"
         problems.append(Problem(f"{key}.image_column", f"is for Parquet sources; {fix}"))
+    elif source.data_format != "parquet" and source.image_column is not None:
+        fix = "images come from Parquet image columns or WebDataset shards; remove image_column"
+        problems.append(
+            Problem(f"{key}.image_column", f"is not read from {source.data_format} files; {fix}")
+        )
     if source.has_images and source.token_column is not None:
         fix = "an image source needs text_column (its text is tokenized around the images)"
         problems.append(Problem(f"{key}.token_column", f"cannot be used with images; {fix}"))
     if source.image_column == "":
         problems.append(Problem(f"{key}.image_column", "is empty; name a column of images"))
-    if source.format == "webdataset" and not [e for e in source.image_exts if e.strip(".")]:
+    if source.data_format == "webdataset" and not [e for e in source.image_exts if e.strip(".")]:
         fix = "list the image members' extensions, e.g. [jpg, png]"
         problems.append(Problem(f"{key}.image_exts", f"is empty; {fix}"))
     return problems
@@ -186,7 +191,14 @@ def check_vision(vision: Vision, seq_len: int) -> list[Problem]:
 
 def _check_columns(key: str, source: Source) -> list[Problem]:
     text, token = source.text_column, source.token_column
-    if source.format == "webdataset" and token is None:
+    if source.data_format == "megatron":
+        fix = "Megatron .bin/.idx data is already token ids, one sample per document; remove it"
+        return [
+            Problem(f"{key}.{name}", f"is not used by format megatron; {fix}")
+            for name, value in (("text_column", text), ("token_column", token))
+            if value is not None
+        ]
+    if source.data_format == "webdataset" and token is None:
         return (
             []
             if text != ""
@@ -199,7 +211,12 @@ def _check_columns(key: str, source: Source) -> list[Problem]:
         return [Problem(f"{key}.token_column", "is set together with text_column; keep only one")]
     if not (text or token):
         column = "text_column" if text is not None else "token_column"
-        return [Problem(f"{key}.{column}", "is empty; name a column of the Parquet files")]
+        what = {
+            "jsonl": "a key of the JSON lines (dots for nesting)",
+            "arrow": "a column of the Arrow files",
+        }
+        named = what.get(source.data_format, "a column of the Parquet files")
+        return [Problem(f"{key}.{column}", f"is empty; name {named}")]
     return []
 
 

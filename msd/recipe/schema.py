@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Literal
 
 import msgspec
@@ -27,11 +28,28 @@ class Transform(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     function: str | None = None
 
 
-class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One data source: Parquet files, or WebDataset ``.tar`` shards, matched by ``path`` (a glob).
+Format = Literal["parquet", "webdataset", "jsonl", "arrow", "megatron"]
+# A path's ending names its format when ``format`` is not set (else Parquet).
+FORMAT_ENDINGS: tuple[tuple[tuple[str, ...], Format], ...] = (
+    ((".parquet", ".pq"), "parquet"),
+    ((".tar",), "webdataset"),
+    (tuple(e + z for e in (".jsonl", ".ndjson", ".json") for z in ("", ".gz", ".zst")), "jsonl"),
+    ((".arrow",), "arrow"),
+    ((".idx", ".bin"), "megatron"),
+)
 
-    format: ``parquet``, or ``webdataset`` (a sample = the members of one key; ``text_column``
-        names the text member's extension, default ``txt``; ``image_exts`` the image members').
+
+class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One data source: files matched by ``path`` (a glob), in one format.
+
+    format: ``parquet``; ``webdataset`` (a sample = the members of one key; ``text_column``
+        names the text member's extension, default ``txt``; ``image_exts`` the image members');
+        ``jsonl`` (one JSON object per line, ``.gz``/``.zst`` too; ``text_column`` or
+        ``token_column`` is a key path, dots for nesting); ``arrow`` (Arrow IPC files, or the
+        folder ``datasets.save_to_disk`` wrote); ``megatron`` (Megatron-LM ``.bin``/``.idx``
+        pairs, by ``.idx`` glob or prefix; a sample is a document; no column). Unset: named by
+        the path's ending (``.parquet``, ``.tar``, ``.jsonl[.gz|.zst]``, ``.arrow``,
+        ``.idx``/``.bin``; a folder holding ``state.json`` is ``arrow``), else ``parquet``.
     image_column: a Parquet column of images (binary, the Hugging Face Image struct
         ``{bytes, path}``, or a list of either for interleaved documents); with it each sample
         is text + images, the text marking where each image goes (``vision.marker``).
@@ -42,7 +60,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     name: str
     path: str
     weight: float
-    format: Literal["parquet", "webdataset"] = "parquet"
+    format: Format | None = None
     text_column: str | None = None
     token_column: str | None = None
     image_column: str | None = None
@@ -53,8 +71,21 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     shadows: int = 0
 
     @property
+    def data_format(self) -> Format:
+        """``format``, or the one the path names (see the class)."""
+        if self.format is not None:
+            return self.format
+        path = self.path.lower().rstrip("/")
+        for endings, name in FORMAT_ENDINGS:
+            if path.endswith(endings):
+                return name
+        if os.path.isfile(os.path.join(os.path.expanduser(self.path), "state.json")):
+            return "arrow"  # datasets.save_to_disk
+        return "parquet"
+
+    @property
     def has_images(self) -> bool:
-        return self.format == "webdataset" or self.image_column is not None
+        return self.data_format == "webdataset" or self.image_column is not None
 
 
 class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -365,10 +396,16 @@ def stream_fingerprint(recipe: Recipe) -> str:
                 "token_column": s.token_column,
                 "transform": msgspec.to_builtins(s.transform),
                 "repeat": s.repeat,
-                # Image fields only where a source has images: text recipes keep their hash.
+                # Image fields only where a source has images, the format where it is not
+                # Parquet: Parquet text recipes keep their hash.
                 **(
-                    {"format": s.format, "image_column": s.image_column, "exts": s.image_exts}
+                    {"format": s.data_format, "image_column": s.image_column, "exts": s.image_exts}
                     if s.has_images
+                    else {}
+                ),
+                **(
+                    {"format": s.data_format}
+                    if not s.has_images and s.data_format != "parquet"
                     else {}
                 ),
             }

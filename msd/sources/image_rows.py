@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from msd.recipe.schema import Source
-from msd.sources.index import RowGroup, SourceIndex, bytes_field, tar_index, text_ext
+from msd.sources.formats.base import bytes_field
+from msd.sources.index import RowGroup, SourceIndex, tar_index, text_ext
 from msd.sources.read import RowGroupReader
 from msd.sources.webdataset import TarIndex, read_member
 
@@ -35,7 +36,7 @@ class ImageRowReader:
     def sizes(self, rg: RowGroup) -> np.ndarray | None:
         """Bytes of each row of a shard, from its index (None: a Parquet row group, whose sizes
         are known once read)."""
-        if self.source.format != "webdataset":
+        if self.source.data_format != "webdataset":
             return None
         index = self._tar(rg.file)
         return np.array(
@@ -44,7 +45,7 @@ class ImageRowReader:
 
     def read(self, rg: RowGroup, rows: np.ndarray | None = None) -> pa.StructArray:
         """Rows ``rows`` (all when None) of row group ``rg``, in that order."""
-        if self.source.format == "webdataset":
+        if self.source.data_format == "webdataset":
             return self._read_tar(rg, rows)
         text = self.reader.read(rg, self.src.column)
         assert self.source.image_column is not None

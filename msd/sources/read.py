@@ -1,8 +1,8 @@
 """Reading single row groups, one column at a time, with a bounded set of open files.
 
 A loader walks shuffled row groups spread over many files; keeping every file open would
-exhaust file descriptors, and reopening per read re-parses the footer, so a small LRU of
-handles sits in between.
+exhaust file descriptors, and reopening per read re-parses the footer (or the index), so a small
+LRU of open files, in any format (``msd.sources.formats``), sits in between.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from collections import OrderedDict
 from types import TracebackType
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from msd.errors import SourceError
+from msd.sources.formats import FORMATS
+from msd.sources.formats.base import FileReader
 from msd.sources.index import RowGroup
-
-READ_BUFFER_BYTES = 1 << 20
 
 
 class RowGroupReader:
@@ -26,25 +25,33 @@ class RowGroupReader:
         if max_open_files < 1:
             raise ValueError(f"max_open_files must be at least 1, got {max_open_files}")
         self.max_open_files = max_open_files
-        self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
+        self._files: OrderedDict[str, FileReader] = OrderedDict()
 
     def read(self, rg: RowGroup, column: str) -> pa.Array:
         """The ``column`` of row group ``rg`` as one `pyarrow.Array` (chunks combined)."""
         try:
-            table = self._file(rg.file).read_row_group(rg.index, columns=[column])
-            return table.column(0).combine_chunks()
-        except (pa.ArrowException, OSError, KeyError, IndexError) as exc:
+            array = self._file(rg).read(rg.index, column)
+        except SourceError:
+            raise
+        except (pa.ArrowException, OSError, KeyError, IndexError, ValueError) as exc:
             raise SourceError(
                 f"cannot read column '{column}' of row group {rg.index} of '{rg.file}' "
                 f"({type(exc).__name__}: {str(exc).strip()[:200]}); check that it was not "
                 "changed or removed after the source was indexed"
             ) from exc
+        if len(array) != rg.num_rows:
+            raise SourceError(
+                f"row group {rg.index} of '{rg.file}' holds {len(array):,} rows, not the "
+                f"{rg.num_rows:,} it held when the source was indexed; the file was changed "
+                "after the job started: restore it, or start a new job"
+            )
+        return array
 
     def close(self) -> None:
         """Close every open file; the reader stays usable and reopens files on demand."""
         while self._files:
-            _, pf = self._files.popitem(last=False)
-            pf.close()
+            _, reader = self._files.popitem(last=False)
+            reader.close()
 
     def open_files(self) -> tuple[str, ...]:
         """Paths currently open, least recently used first."""
@@ -61,16 +68,14 @@ class RowGroupReader:
     ) -> None:
         self.close()
 
-    def _file(self, path: str) -> pq.ParquetFile:
-        pf = self._files.get(path)
-        if pf is not None:
-            self._files.move_to_end(path)
-            return pf
+    def _file(self, rg: RowGroup) -> FileReader:
+        reader = self._files.get(rg.file)
+        if reader is not None:
+            self._files.move_to_end(rg.file)
+            return reader
         while len(self._files) >= self.max_open_files:
             _, old = self._files.popitem(last=False)
             old.close()
-        # Unbuffered pre-reads would keep each open file's last column chunk (about a row
-        # group, compressed) alive; a buffered stream keeps nothing once the read is done.
-        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
-        self._files[path] = pf
-        return pf
+        reader = FORMATS[rg.format].open(rg.file, rg.kind)
+        self._files[rg.file] = reader
+        return reader

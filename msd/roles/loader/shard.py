@@ -92,7 +92,7 @@ class SourceShard:
         self.fuser: Fuser | None = None
         if self.src.has_images:
             self.images = ImageRowReader(spec, self.src, reader)
-            self.fuser = Fuser(self.tokenize, fuse_spec(recipe), spec.format == "webdataset")
+            self.fuser = Fuser(self.tokenize, fuse_spec(recipe), spec.data_format == "webdataset")
         self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index

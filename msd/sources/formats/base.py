@@ -1,0 +1,176 @@
+"""What every source format implements: index a file once, then read one row group's column.
+
+A *row group* is the unit a loader reads and the shuffle moves whole (a Parquet row group, a
+run of JSONL lines, a run of Megatron documents, an Arrow record batch): rows in a fixed order,
+numbered from 0 within the file. Nothing above this layer knows formats: the Planner sees row
+counts, a loader gets an Arrow array per row group — ``string``/``binary`` cells for text, a
+list of integers per row for token ids — exactly as a Parquet column would give it.
+
+Every problem a user can fix is a `msd.errors.SourceError` of one sentence naming the source,
+its recipe key and the file; rows a file holds but that cannot become samples (a malformed
+JSON line) are left out of the index, the same on every run, and listed in ``problems``.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import pyarrow as pa
+
+from msd.errors import SourceError
+from msd.recipe.schema import Source
+
+ColumnKind = Literal["text", "tokens"]
+
+
+@dataclass(frozen=True)
+class FileIndex:
+    """One file of a source: the rows of each of its row groups, in reading order.
+
+    ``holds_text``: False only when the file proves the column null or empty in every row (the
+    source is refused if every file says so). ``problems``: rows left out, one sentence each.
+    """
+
+    group_rows: tuple[int, ...]
+    holds_text: bool = True
+    problems: tuple[str, ...] = ()
+
+
+class FileReader(Protocol):
+    """An open file: reads the ``column`` (of the kind it was opened for) of row group
+    ``group`` as one Arrow array."""
+
+    def read(self, group: int, column: str) -> pa.Array: ...
+
+    def close(self) -> None: ...
+
+
+class Format(Protocol):
+    """A source format: which files a source's ``path`` names, their indexes, their readers."""
+
+    name: str
+
+    def files(self, source: Source, key: str) -> tuple[str, ...]:
+        """The files ``source.path`` names, in the source's fixed order (raise if none)."""
+        ...
+
+    def index(
+        self, source: Source, key: str, path: str, column: str, kind: ColumnKind
+    ) -> FileIndex:
+        """Index ``path`` (reading metadata, or once the whole file, then from a cache)."""
+        ...
+
+    def open(self, path: str, kind: ColumnKind) -> FileReader:
+        """A reader of ``path`` for columns of ``kind`` (JSONL parses by it)."""
+        ...
+
+
+def glob_files(source: Source, key: str) -> tuple[str, ...]:
+    """The regular files ``source.path`` (a glob; ``~`` expanded, ``**`` recursive) matches,
+    as sorted absolute paths."""
+    pattern = os.path.expanduser(source.path)
+    matches = glob.glob(pattern, recursive=True)
+    files = sorted({os.path.abspath(m) for m in matches if os.path.isfile(m)})
+    if not files:
+        raise SourceError(
+            f"source '{source.name}' ({key}.path): no file matches '{source.path}'; "
+            "check the path, relative paths are taken from the current directory"
+        )
+    return tuple(files)
+
+
+def cache_dir(kind: str) -> Path:
+    """Where indexes of ``kind`` (``webdataset``, ``jsonl``) are cached: ``$MSD_CACHE_DIR/kind``,
+    else ``~/.cache/msd/kind``."""
+    root = os.environ.get("MSD_CACHE_DIR")
+    return Path(root) / kind if root else Path.home() / ".cache" / "msd" / kind
+
+
+def file_key(path: str) -> str:
+    """A name for a cached index of ``path`` that changes when the file does (its absolute
+    path, size and modification time)."""
+    stat = os.stat(path)
+    text = f"{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def check_column(
+    source: Source, key: str, path: str, schema: pa.Schema, column: str, kind: ColumnKind
+) -> None:
+    """``column`` is in ``schema`` and holds text (``kind`` text) or integer lists (tokens)."""
+    field_key = f"{key}.{'text_column' if kind == 'text' else 'token_column'}"
+    where = f"source '{source.name}' ({field_key}): '{path}'"
+    if schema.get_field_index(column) < 0:
+        names = ", ".join(schema.names) or "none"
+        raise SourceError(
+            f"{where} has no column '{column}' (it has: {names}); set {field_key} to one of them"
+        )
+    typ = schema.field(column).type
+    if kind == "text" and not is_text(typ):
+        raise SourceError(
+            f"{where} column '{column}' is {typ}, not string or binary; "
+            "use token_column for pre-tokenized lists"
+        )
+    if kind == "tokens" and not is_tokens(typ):
+        raise SourceError(
+            f"{where} column '{column}' is {typ}, not a list of integers; use text_column for text"
+        )
+
+
+def is_text(typ: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+    )
+
+
+def is_tokens(typ: pa.DataType) -> bool:
+    is_list = pa.types.is_list(typ) or pa.types.is_large_list(typ)
+    return bool(is_list and pa.types.is_integer(typ.value_type))
+
+
+def reason(exc: BaseException) -> str:
+    """The first sentence of an exception's message (Arrow's errors run to several)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first.split(". ")[0].rstrip(".")
+
+
+def check_image_column(source: Source, key: str, path: str, schema: pa.Schema) -> None:
+    """An image column holds binary, ``{bytes, ...}`` structs, or lists of either."""
+    column = source.image_column
+    assert column is not None
+    if schema.get_field_index(column) < 0:
+        names = ", ".join(schema.names) or "none"
+        raise SourceError(
+            f"source '{source.name}' ({key}.image_column): '{path}' has no column '{column}' "
+            f"(it has: {names}); set image_column to one of them"
+        )
+    typ = schema.field(column).type
+    inner = typ.value_type if pa.types.is_list(typ) or pa.types.is_large_list(typ) else typ
+    if is_binary(inner) or (pa.types.is_struct(inner) and bytes_field(inner) is not None):
+        return
+    raise SourceError(
+        f"source '{source.name}' ({key}.image_column): '{path}' column "
+        f"'{source.image_column}' is {typ}, not binary, an image struct with a binary 'bytes' "
+        "field, or a list of those"
+    )
+
+
+def bytes_field(typ: pa.StructType) -> str | None:
+    """The name of a struct's binary ``bytes`` field (the Hugging Face Image struct's)."""
+    for i in range(typ.num_fields):
+        field = typ.field(i)
+        if field.name == "bytes" and is_binary(field.type):
+            return str(field.name)
+    return None
+
+
+def is_binary(typ: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(typ) or pa.types.is_large_binary(typ))
