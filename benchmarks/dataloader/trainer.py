@@ -34,6 +34,7 @@ from benchmarks.dataloader.cost import CostModel, sequence_lengths
 from benchmarks.dataloader.vlm_baseline import MixedImageStream, VlmStreamConfig
 from benchmarks.dataloader.vlm_cost import batch_costs
 from msd.client import Client
+from msd.roles.footprint import keep_pandas_out
 from msd.trainer.demo import real_tokens
 
 Batches = Iterator[dict[str, torch.Tensor]]
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--enc-lin", type=float, default=CostModel.enc_lin)
     args = parser.parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
+    # As in msd's roles: where pandas is installed, pyarrow would import it in every rank and
+    # (forked from it) DataLoader worker; the comparison is of the data planes, not of pandas.
+    keep_pandas_out()
     if args.system == "msd":
         batches, steps, client = msd_batches(args.log_dir)
     else:
