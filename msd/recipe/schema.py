@@ -7,6 +7,7 @@ belongs to a recipe.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -37,6 +38,13 @@ FORMAT_ENDINGS: tuple[tuple[tuple[str, ...], Format], ...] = (
     ((".arrow",), "arrow"),
     ((".idx", ".bin"), "megatron"),
 )
+
+
+@functools.lru_cache(maxsize=256)
+def _saved_dataset(path: str) -> bool:
+    """``path`` is a folder ``datasets.save_to_disk`` wrote (asked once per path a process:
+    ``data_format`` is read on the data path)."""
+    return os.path.isfile(os.path.join(os.path.expanduser(path), "state.json"))
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -79,9 +87,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         for endings, name in FORMAT_ENDINGS:
             if path.endswith(endings):
                 return name
-        if os.path.isfile(os.path.join(os.path.expanduser(self.path), "state.json")):
-            return "arrow"  # datasets.save_to_disk
-        return "parquet"
+        return "arrow" if _saved_dataset(self.path) else "parquet"
 
     @property
     def has_images(self) -> bool:
@@ -106,6 +112,11 @@ class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     marker: str = "<image>"
     mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+
+    @property
+    def bytes_per_image_token(self) -> int:
+        """The uint8 patch values one placeholder token stands for: merge_size² patches."""
+        return self.merge_size**2 * 3 * self.temporal_patch_size * self.patch_size**2
 
 
 class Distribute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -375,8 +386,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
     @property
     def loader_buffer_bytes(self) -> int:
-        vision = self.vision
-        per_token = vision.merge_size**2 * 3 * vision.temporal_patch_size * vision.patch_size**2
+        per_token = self.vision.bytes_per_image_token
         return self.loader.buffer_bytes or self.global_batch_tokens * per_token
 
 

@@ -384,8 +384,7 @@ def early_cap_bytes(recipe: Recipe, groups: int) -> int:
     window = 2 * recipe.constructor.prefetch_steps + 8
     per_token = 4
     if recipe.has_images:  # a placeholder token brings merge_size² patches with it
-        v = recipe.vision
-        per_token += v.merge_size**2 * 3 * v.temporal_patch_size * v.patch_size**2
+        per_token += recipe.vision.bytes_per_image_token
     step_bytes = groups * recipe.rows_per_rank * recipe.seq_len * per_token
     return max(EARLY_CAP_MIN_BYTES, 8 * window * step_bytes)
 

@@ -36,7 +36,7 @@ class ImageRowReader:
     def sizes(self, rg: RowGroup) -> np.ndarray | None:
         """Bytes of each row of a shard, from its index (None: a Parquet row group, whose sizes
         are known once read)."""
-        if self.source.data_format != "webdataset":
+        if self.src.format != "webdataset":
             return None
         index = self._tar(rg.file)
         return np.array(
@@ -45,7 +45,7 @@ class ImageRowReader:
 
     def read(self, rg: RowGroup, rows: np.ndarray | None = None) -> pa.StructArray:
         """Rows ``rows`` (all when None) of row group ``rg``, in that order."""
-        if self.source.data_format == "webdataset":
+        if self.src.format == "webdataset":
             return self._read_tar(rg, rows)
         text = self.reader.read(rg, self.src.column)
         assert self.source.image_column is not None

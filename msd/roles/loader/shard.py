@@ -92,7 +92,7 @@ class SourceShard:
         self.fuser: Fuser | None = None
         if self.src.has_images:
             self.images = ImageRowReader(spec, self.src, reader)
-            self.fuser = Fuser(self.tokenize, fuse_spec(recipe), spec.data_format == "webdataset")
+            self.fuser = Fuser(self.tokenize, fuse_spec(recipe), self.src.format == "webdataset")
         self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index
@@ -210,9 +210,10 @@ class SourceShard:
     def hungry(self) -> bool:
         """Reading ahead: from below half the budget up to all of it (so a shard reads in
         chunks, not a sample each time one is routed)."""
-        if self.fill >= 1 or self.next_gpos() is None:
+        fill = self.fill
+        if fill >= 1 or self.next_gpos() is None:
             self.filling = False
-        elif 2 * self.fill < 1:
+        elif 2 * fill < 1:
             self.filling = True
         return self.filling
 
