@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from msd.synth import SynthSource, synth
+from tests.s3 import server as s3server
 
 SMALL_SOURCES = (
     SynthSource("web", median_tokens=40, sigma=0.8, max_tokens=700, num_samples=500),
@@ -244,3 +245,48 @@ def record_digests(request: pytest.FixtureRequest) -> Iterator[None]:
         }
     with open(out, "a") as f:
         f.write(json.dumps({"test": request.node.nodeid, "jobs": found}) + "\n")
+
+
+_S3_START_HINT = "run tests/s3/up.sh"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3server.S3Server]:
+    """A real S3-compatible server (moto, auth on): the one tests/s3/up.sh started (its state
+    file: ``$MSD_S3_STATE``, else /tmp/msd-s3/state.json) if it answers, else one started for
+    this session and stopped at its end. Without moto it skips; with MSD_REQUIRE_S3=1 it fails."""
+    shared = s3server.load(s3server.default_state_file())
+    if shared is not None and shared.answers():
+        yield shared
+        return
+    missing = s3server.missing_modules()
+    if missing:
+        why = f"{', '.join(missing)} not importable: pip install -e '.[dev]'"
+        if os.environ.get("MSD_REQUIRE_S3") == "1":
+            pytest.fail(
+                f"S3 is required (MSD_REQUIRE_S3=1) but no S3 test server is up and {why}; "
+                f"or {_S3_START_HINT}",
+                pytrace=False,
+            )
+        pytest.skip(f"no S3 test server ({why}), or {_S3_START_HINT}")
+    server = s3server.start(log_dir=tmp_path_factory.mktemp("s3-server"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(
+    s3_server: s3server.S3Server, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[s3server.S3Bucket]:
+    """A fresh bucket for this test on the S3 test server, and the server's credentials and
+    endpoint in ``os.environ`` (so commands the test starts inherit them)."""
+    for name in s3server.CONFLICTING_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = s3server.bucket_name(request.node.name)
+    s3_server.make_bucket(bucket)
+    yield s3server.S3Bucket(s3_server, bucket)
+    s3_server.resume()  # a test that failed while it had paused the server
