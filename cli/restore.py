@@ -15,6 +15,7 @@ from msd.control.history import load_history, make_change
 from msd.errors import CheckpointError
 from msd.launch.check import check_sources
 from msd.launch.job import Job
+from msd.launch.listing import pin_files
 from msd.launch.local import LocalJob
 from msd.launch.slurm import SlurmJob
 from msd.plan.schedule import MixChange
@@ -64,6 +65,7 @@ def restore(
         parsed, text, where = load_recipe(recipe), recipe.read_text(), recipe
     else:
         parsed, text, where = saved, json.dumps(snap.recipe, indent=2) + "\n", found.path
+    parsed = pin_files(parsed, saved)
     check_sources(parsed, where)
     kept = keeping_padding(saved, parsed)
     if kept is not parsed:

@@ -46,7 +46,9 @@ def render(data: dict[str, Any]) -> Group:
         parts.append(Text(f"failure: {job['failure']}", style="bold red"))
     images = any(s.get("skipped_images") for s in data["sources"])
     columns = ["source", "weight", "samples/s", "tokens/s", "loaders", "queue", "queue tok"]
-    sources = _table("sources", [*columns, "errors", *(["images left out"] if images else [])])
+    sources = _table(
+        "sources", [*columns, "read retries", *(["images left out"] if images else [])]
+    )
     for s in data["sources"]:
         extra = [f"{s.get('skipped_images', 0):,}"] if images else []
         sources.add_row(

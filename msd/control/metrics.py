@@ -22,7 +22,7 @@ Sources
     msd_source_queue_samples{source}     gauge      samples read but not yet routed
     msd_source_queue_tokens{source}      gauge      tokens read but not yet routed
     msd_source_loaders{source}           gauge      loader processes serving the source
-    msd_source_errors_total{source}      counter    read errors
+    msd_source_errors_total{source}      counter    reads retried (object stores)
     msd_source_skipped_images_total{source}  counter  images of consumed samples left out
 Loaders and constructors
     msd_loader_cpu_seconds_total{loader}             counter  CPU time used
@@ -130,7 +130,12 @@ _SOURCE: _Table[SourceView] = (
     (G, "msd_source_queue_samples", "Samples read, not yet routed.", lambda s: s.queue_samples),
     (G, "msd_source_queue_tokens", "Tokens read, not yet routed.", lambda s: s.queue_tokens),
     (G, "msd_source_loaders", "Loader processes serving the source.", lambda s: s.loaders),
-    (C, "msd_source_errors", "Read errors.", lambda s: s.errors),
+    (
+        C,
+        "msd_source_errors",
+        "Reads an object store failed that were tried again.",
+        lambda s: s.errors,
+    ),
     (
         C,
         "msd_source_skipped_images",

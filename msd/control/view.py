@@ -318,6 +318,7 @@ def metrics_line(view: StatusView, unix_time: float) -> dict[str, object]:
                 "weight": s.weight,
                 "tokens_per_s": s.tokens_per_s,
                 "queue_samples": s.queue_samples,
+                "read_retries": s.errors,
             }
             for s in view.sources
         },

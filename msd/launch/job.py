@@ -23,6 +23,7 @@ from msd.checkpoint.format import Snapshot
 from msd.errors import LaunchError, MsdError
 from msd.jobdir import JobDir, full_message, is_full
 from msd.launch.jobfolder import prepare_job, write_job_state
+from msd.launch.listing import pin_files
 from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe
 from msd.wire import transport
@@ -57,7 +58,7 @@ class Job:
         mix_history: tuple[MixChange, ...] = (),
         resume: Snapshot | None = None,
     ) -> None:
-        self.recipe = recipe
+        self.recipe = recipe = pin_files(recipe)  # what every role reads: msd.launch.listing
         self.job = prepare_job(recipe, recipe_text, run_root, mix_history, resume)
         self.rescales_seen = (0.0, 0.0)  # mtimes of JOB/loaders.json, JOB/shadows.json
         self.sock: zmq.Socket[Any] | None = None

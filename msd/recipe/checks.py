@@ -119,6 +119,7 @@ def _check_source(key: str, source: Source) -> list[Problem]:
         problems.append(Problem(f"{key}.path", "is empty; set a glob of Parquet files"))
     problems += _check_columns(key, source) + _check_images(key, source)
     problems += _check_transform(f"{key}.transform", source.transform)
+    problems += _check_group_rows(key, source)
     fix = "keep 0 or more hot-standby loaders"
     problems += _at_least(f"{key}.shadows", source.shadows, 0, fix)
     if source.loaders == "auto":
@@ -126,6 +127,20 @@ def _check_source(key: str, source: Source) -> list[Problem]:
     return problems + _at_least(
         f"{key}.loaders", source.loaders, 1, "use at least 1 loader or auto"
     )
+
+
+def _check_group_rows(key: str, source: Source) -> list[Problem]:
+    if source.group_rows is None:
+        return []
+    if source.data_format not in ("jsonl", "megatron"):
+        return [
+            Problem(
+                f"{key}.group_rows",
+                f"is for JSONL and Megatron sources; {source.data_format} files have their own "
+                "row groups: remove it",
+            )
+        ]
+    return _at_least(f"{key}.group_rows", source.group_rows, 1, "use at least 1 row per group")
 
 
 def _finite_at_least_0(key: str, value: float, fix: str) -> list[Problem]:

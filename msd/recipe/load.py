@@ -48,7 +48,12 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
         recipe = msgspec.convert(data, Recipe)
     except msgspec.ValidationError as e:
         raise RecipeError(_validation_message(name, lines, str(e), data)) from None
-    problems = [f"{_where(name, lines, key)}: {msg}" for key, msg in check_recipe(recipe)]
+    found = check_recipe(recipe) + [
+        (f"sources[{i}].files", "is written by msd launch (the files path named then); remove it")
+        for i, source in enumerate(recipe.sources)
+        if source.files
+    ]
+    problems = [f"{_where(name, lines, key)}: {msg}" for key, msg in found]
     if problems:
         raise RecipeError("\n".join(problems))
     return recipe
@@ -168,13 +173,17 @@ def _walk(node: yaml.Node, typ: mi.Type, prefix: str) -> Iterator[_Key]:
 
 def _walk_mapping(node: yaml.MappingNode, typ: mi.StructType, prefix: str) -> Iterator[_Key]:
     fields = _fields(typ)
-    valid = tuple(fields)
+    valid = tuple(f for f in fields if f not in WRITTEN_BY_MSD)
     for key_node, value_node in node.value:
         name = _key_text(key_node)
         path = _join(prefix, name)
         yield _Key(path, _line(key_node), name in fields, valid)
         if name in fields:
             yield from _walk(value_node, fields[name], path)
+
+
+# Keys msd writes into a job's recipe, not offered to recipe authors.
+WRITTEN_BY_MSD = frozenset({"files"})
 
 
 def _fields(typ: mi.StructType) -> dict[str, mi.Type]:

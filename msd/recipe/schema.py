@@ -41,10 +41,27 @@ FORMAT_ENDINGS: tuple[tuple[tuple[str, ...], Format], ...] = (
 
 
 @functools.lru_cache(maxsize=256)
-def _saved_dataset(path: str) -> bool:
+def _saved_dataset(path: str, endpoint_url: str | None = None) -> bool:
     """``path`` is a folder ``datasets.save_to_disk`` wrote (asked once per path a process:
-    ``data_format`` is read on the data path)."""
+    ``data_format`` is read on the data path); an ``s3://`` path is asked of its store."""
+    if path.startswith("s3://"):
+        from msd.sources import storage  # pyarrow: only where a path is remote
+
+        try:
+            return storage.is_file(
+                storage.join(path, "state.json"), storage.Store(endpoint_url=endpoint_url)
+            )
+        except OSError:
+            return False  # reported where the source is opened
     return os.path.isfile(os.path.join(os.path.expanduser(path), "state.json"))
+
+
+class PinnedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """A file of a source as ``msd launch`` found it (``Source.files``)."""
+
+    path: str
+    size: int
+    mtime_ns: int
 
 
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -63,6 +80,14 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         is text + images, the text marking where each image goes (``vision.marker``).
     shadows: hot-standby loader processes with the source open; one takes over the work of a
         loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
+    endpoint_url: an S3-compatible store's endpoint for an ``s3://`` path (default: the AWS
+        environment's ``AWS_ENDPOINT_URL``, else AWS); credentials and region come from the
+        standard AWS environment and config. anonymous: read a public bucket unsigned.
+    group_rows: rows per row group (the shuffle's unit) for formats that cut their own: JSONL
+        (default: lines of about 1 MiB) and Megatron (default: about 2^20 tokens of documents).
+        Set it to the row-group size of Parquet files holding the same rows for the same stream.
+    files: written by ``msd launch``, not in recipes: the files ``path`` named when the job
+        started, so that every role, and every restore, reads exactly those.
     """
 
     name: str
@@ -77,6 +102,10 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     repeat: bool = True
     loaders: int | Literal["auto"] = 1
     shadows: int = 0
+    endpoint_url: str | None = None
+    anonymous: bool = False
+    group_rows: int | None = None
+    files: tuple[PinnedFile, ...] = ()
 
     @property
     def data_format(self) -> Format:
@@ -87,7 +116,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         for endings, name in FORMAT_ENDINGS:
             if path.endswith(endings):
                 return name
-        return "arrow" if _saved_dataset(self.path) else "parquet"
+        return "arrow" if _saved_dataset(self.path, self.endpoint_url) else "parquet"
 
     @property
     def has_images(self) -> bool:
@@ -230,6 +259,9 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         them into the job's recipe.
     heartbeat_s: a loader silent this long is taken for dead (loaders report every second);
         a shadow of its source takes its work over.
+    read_retry_s: how long a loader retries a read an object store fails (throttling, a lost
+        connection), backing off, before the job stops naming the source (``msd restore``
+        continues it); every retry is counted in ``msd status`` and the metrics.
     """
 
     block_row_groups: int = 1
@@ -240,6 +272,7 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     groups: tuple[tuple[str, ...], ...] = ()
     autoscale: Autoscale = Autoscale()
     heartbeat_s: float = 3.0
+    read_retry_s: float = 60.0
 
 
 class ConstructorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -413,6 +446,7 @@ def stream_fingerprint(recipe: Recipe) -> str:
                     if s.has_images
                     else {}
                 ),
+                **({"group_rows": s.group_rows} if s.group_rows is not None else {}),
                 **(
                     {"format": s.data_format}
                     if not s.has_images and s.data_format != "parquet"

@@ -4,8 +4,10 @@ their rows, read as one Arrow struct per sample: ``text`` (binary, null when mis
 
 A WebDataset shard is one "row group" of the source's index: its samples in the tar's order,
 found by scanning member headers once (then cached, ``MSD_CACHE_DIR`` or
-``~/.cache/msd/webdataset``); rows are read member by member at their offsets, only the rows
-asked for. A Parquet image source reads the text and image columns of a row group.
+``~/.cache/msd/webdataset``); the rows asked for are read at their members' offsets, from one
+open shard, a run of members close together at once (for an ``s3://`` shard, one ranged GET per
+run of consecutive samples). A Parquet image source reads the text and image columns of a row
+group.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from msd.errors import SourceError
 from msd.recipe.schema import Source
+from msd.sources import storage
 from msd.sources.formats.base import bytes_field
 from msd.sources.index import RowGroup, SourceIndex, tar_index, text_ext
-from msd.sources.read import RowGroupReader
-from msd.sources.webdataset import TarIndex, read_member
+from msd.sources.read import RowGroupReader, Unavailable
+from msd.sources.webdataset import OpenShards, TarIndex
 
 ROW_TYPE = pa.struct([("text", pa.large_binary()), ("images", pa.list_(pa.large_binary()))])
 MAX_CACHED_TARS = 16
@@ -32,6 +36,11 @@ class ImageRowReader:
     def __init__(self, source: Source, src: SourceIndex, reader: RowGroupReader) -> None:
         self.source, self.src, self.reader = source, src, reader
         self._tars: OrderedDict[str, TarIndex] = OrderedDict()
+        self._shards = OpenShards()  # remote shards stay open between reads
+
+    def close(self) -> None:
+        """Close the remote shards kept open (the reader stays usable)."""
+        self._shards.close()
 
     def sizes(self, rg: RowGroup) -> np.ndarray | None:
         """Bytes of each row of a shard, from its index (None: a Parquet row group, whose sizes
@@ -57,7 +66,13 @@ class ImageRowReader:
     def _tar(self, path: str) -> TarIndex:
         index = self._tars.get(path)
         if index is None:
-            index = tar_index(self.source, path)
+            try:
+                index = tar_index(self.source, path)
+            except SourceError as exc:  # a store that failed to say whether it changed
+                cause = exc.__cause__
+                if isinstance(cause, storage.StoreError) and cause.transient:
+                    raise Unavailable(path, str(cause)) from exc
+                raise
             self._tars[path] = index
             while len(self._tars) > MAX_CACHED_TARS:
                 self._tars.popitem(last=False)
@@ -66,19 +81,44 @@ class ImageRowReader:
 
     def _read_tar(self, rg: RowGroup, rows: np.ndarray | None) -> pa.StructArray:
         index = self._tar(rg.file)
+        if len(index.samples) != rg.num_rows:
+            raise SourceError(
+                f"the WebDataset shard '{rg.file}' holds {len(index.samples):,} samples, not the "
+                f"{rg.num_rows:,} it held when the source was indexed; it was changed after the "
+                "job started: restore it, or start a new job"
+            )
         wanted = range(len(index.samples)) if rows is None else rows.tolist()
         ext, exts = text_ext(self.source), [e.lower() for e in self.source.image_exts]
-        texts: list[bytes | None] = []
-        images: list[list[bytes]] = []
+        where: list[tuple[int, int]] = []  # every member to read, row by row
+        layout: list[tuple[bool, int]] = []  # of each row: has it a text, how many images
         for r in wanted:
             members = index.samples[r].members
-            where = members.get(ext)
-            texts.append(None if where is None else read_member(rg.file, *where))
-            images.append([read_member(rg.file, *members[e]) for e in exts if e in members])
+            text = members.get(ext)
+            found = [members[e] for e in exts if e in members]
+            where += ([] if text is None else [text]) + found
+            layout.append((text is not None, len(found)))
+        data = iter(self._read_members(rg, where))
+        texts: list[bytes | None] = []
+        images: list[list[bytes]] = []
+        for has_text, count in layout:
+            texts.append(next(data) if has_text else None)
+            images.append([next(data) for _ in range(count)])
         return pa.StructArray.from_arrays(
             [pa.array(texts, pa.large_binary()), pa.array(images, ROW_TYPE[1].type)],
             fields=list(ROW_TYPE),
         )
+
+    def _read_members(self, rg: RowGroup, where: list[tuple[int, int]]) -> list[bytes]:
+        """The members ``where`` of a shard; an object store's failure as the loader takes it:
+        `Unavailable` when a retry may succeed, else a `SourceError` naming the shard."""
+        if not where:
+            return []
+        try:
+            return self._shards.read(rg.file, where, rg.store)
+        except storage.StoreError as exc:
+            if exc.transient:
+                raise Unavailable(rg.file, str(exc)) from exc
+            raise SourceError(f"cannot read the WebDataset shard '{rg.file}': {exc}") from exc
 
 
 def row_sizes(rows: pa.StructArray) -> np.ndarray:

@@ -8,6 +8,7 @@ process is started, as one `SourceError` sentence naming the source, recipe key 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from pathlib import Path
 from msd.errors import SourceError
 from msd.recipe.schema import Source
 from msd.sources.formats import FORMATS
-from msd.sources.formats.base import ColumnKind, glob_files
+from msd.sources.formats.base import ColumnKind, glob_files, store_of
 from msd.sources.formats.base import cache_dir as format_cache_dir
+from msd.sources.storage import LOCAL, Store, retrying
 from msd.sources.webdataset import TarIndex, load_or_build_index
 
 DEFAULT_TEXT_EXT = "txt"  # a WebDataset sample's text member, unless text_column names another
@@ -32,6 +34,8 @@ class RowGroup:
     num_rows: int
     format: str = "parquet"
     kind: ColumnKind = "text"  # of the source's column
+    store: Store = LOCAL  # where a URL ``file`` is read from
+    group_rows: int | None = None  # the source's (Source.group_rows)
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,17 @@ def open_source(source: Source, key: str) -> SourceIndex:
         return _open_webdataset(source, key)
     fmt = FORMATS[source.data_format]
     column, kind = _column(source, key)
-    files = fmt.files(source, key)
+    store = store_of(source)
+    files = retrying(lambda: _files(source, key), source.path, store)
     groups: list[RowGroup] = []
     problems: list[str] = []
     holds_text = source.image_column is not None  # an image-only row is a sample too
     for path in files:
-        found = fmt.index(source, key, path, column, kind)
-        groups += [RowGroup(path, i, n, fmt.name, kind) for i, n in enumerate(found.group_rows)]
+        found = retrying(functools.partial(fmt.index, source, key, path, column, kind), path, store)
+        groups += [
+            RowGroup(path, i, n, fmt.name, kind, store_of(source), source.group_rows)
+            for i, n in enumerate(found.group_rows)
+        ]
         problems += [f"{path}: {p}" for p in found.problems]
         holds_text = holds_text or found.holds_text
     starts = tuple(itertools.accumulate((g.num_rows for g in groups), initial=0))
@@ -109,8 +117,19 @@ def open_source(source: Source, key: str) -> SourceIndex:
     )
 
 
+def _files(source: Source, key: str) -> tuple[str, ...]:
+    """The files the job recorded when it started (``Source.files``), else those the path names
+    now; of a Megatron dataset the ``.idx`` files (each ``.bin`` is found beside them)."""
+    if not source.files:
+        return FORMATS[source.data_format].files(source, key)
+    paths = tuple(f.path for f in source.files)
+    return (
+        tuple(p for p in paths if p.endswith(".idx")) if source.data_format == "megatron" else paths
+    )
+
+
 def _open_webdataset(source: Source, key: str) -> SourceIndex:
-    files = glob_files(source, key)
+    files = retrying(lambda: glob_files(source, key), source.path, store_of(source))
     groups, problems = webdataset_groups(source, key, files)
     starts = tuple(itertools.accumulate((g.num_rows for g in groups), initial=0))
     return SourceIndex(
@@ -136,7 +155,7 @@ def text_ext(source: Source) -> str:
 
 
 def tar_index(source: Source, path: str) -> TarIndex:
-    return load_or_build_index(path, cache_dir(), (text_ext(source),))
+    return load_or_build_index(path, cache_dir(), (text_ext(source),), store=store_of(source))
 
 
 def webdataset_groups(
@@ -145,11 +164,11 @@ def webdataset_groups(
     """One row group per shard (its samples), and the problems the shards' indexes found."""
     groups, problems = [], []
     for path in files:
-        index = tar_index(source, path)
+        index = retrying(functools.partial(tar_index, source, path), path, store_of(source))
         problems += [f"{path}: {p}" for p in index.problems]
         problems += [f"{path}: {s.key}: {p}" for s in index.samples for p in s.problems]
         if index.samples:
-            groups.append(RowGroup(path, 0, len(index.samples)))
+            groups.append(RowGroup(path, 0, len(index.samples), store=store_of(source)))
     if not groups:
         raise SourceError(
             f"source '{source.name}' ({key}.path): the {len(files)} WebDataset shard(s) matching "

@@ -7,15 +7,26 @@ LRU of open files, in any format (``msd.sources.formats``), sits in between.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from types import TracebackType
 
 import pyarrow as pa
 
 from msd.errors import SourceError
+from msd.sources import storage
 from msd.sources.formats import FORMATS
 from msd.sources.formats.base import FileReader
 from msd.sources.index import RowGroup
+
+
+class Unavailable(Exception):
+    """An object store did not serve a read of ``file`` (throttled, unreachable, timed out):
+    the same read may succeed later. ``reason``: one sentence."""
+
+    def __init__(self, file: str, reason: str) -> None:
+        super().__init__(reason)
+        self.file, self.reason = file, reason
 
 
 class RowGroupReader:
@@ -34,6 +45,8 @@ class RowGroupReader:
         except SourceError:
             raise
         except (pa.ArrowException, OSError, KeyError, IndexError, ValueError) as exc:
+            if storage.is_remote(rg.file) and isinstance(exc, (pa.ArrowException, OSError)):
+                raise self._store_failure(rg, exc) from exc
             raise SourceError(
                 f"cannot read column '{column}' of row group {rg.index} of '{rg.file}' "
                 f"({type(exc).__name__}: {str(exc).strip()[:200]}); check that it was not "
@@ -52,6 +65,21 @@ class RowGroupReader:
         while self._files:
             _, reader = self._files.popitem(last=False)
             reader.close()
+
+    def _store_failure(self, rg: RowGroup, exc: BaseException) -> Exception:
+        """An object store's failure of a read: `Unavailable` if a retry may succeed."""
+        self._drop(rg.file)  # a connection that failed is not reused
+        error = exc if isinstance(exc, storage.StoreError) else None
+        error = error or storage.store_error(exc, rg.file, rg.store)
+        if error.transient:
+            return Unavailable(rg.file, str(error))
+        return SourceError(f"cannot read row group {rg.index} of '{rg.file}': {error}")
+
+    def _drop(self, path: str) -> None:
+        reader = self._files.pop(path, None)
+        if reader is not None:
+            with contextlib.suppress(pa.ArrowException, OSError):
+                reader.close()
 
     def open_files(self) -> tuple[str, ...]:
         """Paths currently open, least recently used first."""
@@ -76,6 +104,6 @@ class RowGroupReader:
         while len(self._files) >= self.max_open_files:
             _, old = self._files.popitem(last=False)
             old.close()
-        reader = FORMATS[rg.format].open(rg.file, rg.kind)
+        reader = FORMATS[rg.format].open(rg.file, rg.kind, rg.store, rg.group_rows)
         self._files[rg.file] = reader
         return reader

@@ -20,6 +20,7 @@ from msd.launch.local import LocalJob
 from msd.recipe.load import load_recipe
 from msd.synth import SynthSource, synth_table
 from tests.conftest import processes_of_launcher, read_rank_logs
+from tests.s3.server import S3Bucket
 
 SOURCES = (
     SynthSource("notes", median_tokens=40, sigma=0.8, max_tokens=700, num_samples=300),
@@ -153,12 +154,24 @@ def delivered(outcome: Outcome) -> tuple[Counter[tuple[int, int]], list[list[str
     return pieces, [[r["digest"] for r in logs[rank]] for rank in sorted(logs)]
 
 
-def test_each_format_delivers_every_sample_exactly_once(
-    data: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    outcome = run(recipe_of(data), tmp_path / "a", monkeypatch)
+@pytest.fixture(scope="module")
+def local_streams(
+    data: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Counter[tuple[int, int]], list[list[str]]]:
+    """What the run of every format from local files delivered: pieces, per-rank digests."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        outcome = run(recipe_of(data), tmp_path_factory.mktemp("local"), monkeypatch)
     assert outcome.ok, outcome.message
-    pieces, streams = delivered(outcome)
+    return delivered(outcome)
+
+
+def test_each_format_delivers_every_sample_exactly_once(
+    data: dict[str, str],
+    local_streams: tuple[Counter[tuple[int, int]], list[list[str]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pieces, streams = local_streams
     expected = {
         (i, j): -(-len(t.encode()) // SEQ_LEN)
         for i, s in enumerate(SOURCES)
@@ -170,6 +183,23 @@ def test_each_format_delivers_every_sample_exactly_once(
     again = run(recipe_of(data), tmp_path / "b", monkeypatch)
     assert again.ok, again.message
     assert delivered(again)[1] == streams
+
+
+def test_each_format_from_s3_is_the_stream_from_local_files(
+    data: dict[str, str],
+    local_streams: tuple[Counter[tuple[int, int]], list[list[str]]],
+    s3: S3Bucket,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same files in a bucket (compressed JSONL, Arrow, plain JSONL, Megatron): the same
+    stream, batch for batch, so every sample exactly once."""
+    root = Path(data["notes"]).parents[1]
+    s3.upload(root, "formats")
+    remote = {name: path.replace(str(root), s3.url("formats")) for name, path in data.items()}
+    outcome = run(recipe_of(remote), tmp_path, monkeypatch)
+    assert outcome.ok, outcome.message
+    assert delivered(outcome) == local_streams
 
 
 def test_a_planner_that_cannot_open_a_source_fails_the_launch_at_once_with_its_error(

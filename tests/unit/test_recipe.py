@@ -41,7 +41,7 @@ sources:
 """
 SOURCE_KEYS = (
     "name, path, weight, format, text_column, token_column, image_column, image_exts, transform, "
-    "repeat, loaders, shadows"
+    "repeat, loaders, shadows, endpoint_url, anonymous, group_rows"
 )
 TOP_KEYS = (
     "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "

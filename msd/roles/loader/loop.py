@@ -18,13 +18,15 @@ from msd import logs
 from msd.checkpoint.resume import first_positions, latest_state
 from msd.control.rescales import load_rescales
 from msd.control.shadows import load_takeovers, shadows_used
+from msd.errors import SourceError
 from msd.jobdir import JobDir
 from msd.plan.partition import Generation, LoaderProcess, find_process, generations, span
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
+from msd.roles.loader.outage import Outage
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard
 from msd.sources.index import open_source
-from msd.sources.read import RowGroupReader
+from msd.sources.read import RowGroupReader, Unavailable
 from msd.wire import transport
 from msd.wire.protocol import (
     DISCARD,
@@ -32,6 +34,7 @@ from msd.wire.protocol import (
     Cut,
     CutAt,
     GenerationStart,
+    Meta,
     Payload,
     Retired,
     Route,
@@ -96,10 +99,48 @@ class Loader:
                     return
             if shard is not None:
                 started = time.perf_counter()
-                meta = shard.read_next()
+                meta = self._read(shard)
                 shard.busy_s += time.perf_counter() - started
                 if meta is not None:
                     transport.send(self.planner, meta)
+
+    def _read(self, shard: SourceShard) -> Meta | None:
+        """The shard's next chunk; a read its object store failed is tried again later (the
+        shard set aside meanwhile), until ``loader.read_retry_s`` is spent."""
+        try:
+            meta = shard.read_next()
+        except Unavailable as exc:
+            now = time.monotonic()
+            if shard.outage is None:
+                shard.outage = Outage(since=now, budget_s=self.recipe.loader.read_retry_s)
+                log.warning("source %s: %s; trying again", self._source_name(shard), exc.reason)
+            if not shard.outage.failed(now):
+                raise SourceError(self._gave_up(shard, exc)) from exc
+            shard.retries += 1
+            return None
+        if shard.outage is not None:
+            log.info(
+                "source %s: read again after %d retries in %.1f s",
+                self._source_name(shard),
+                shard.outage.retries,
+                time.monotonic() - shard.outage.since,
+            )
+            shard.outage = None
+        return meta
+
+    def _source_name(self, shard: SourceShard) -> str:
+        return f"'{self.recipe.sources[shard.source].name}'"
+
+    def _gave_up(self, shard: SourceShard, exc: Unavailable) -> str:
+        outage = shard.outage
+        assert outage is not None
+        return (
+            f"source {self._source_name(shard)} (sources[{shard.source}]): its object store "
+            f"failed every read of '{exc.file}' for {time.monotonic() - outage.since:.0f} s "
+            f"({outage.retries} retries, loader.read_retry_s {outage.budget_s:g}; last: "
+            f"{exc.reason}); the job stops here: once the store answers, `msd restore "
+            f"{self.job.root}` continues it from its last checkpoint"
+        )
 
     def _retire(self) -> None:
         """Every shard was replaced by a newer generation and holds nothing: leave a note for
@@ -117,9 +158,13 @@ class Loader:
         return Stats("loader", self.name, host, os.getpid(), cpu_s, pss, sources=loads)
 
     def _next_shard(self) -> SourceShard | None:
-        """A shard the Planner waits for first, else the one with the emptiest read-ahead."""
+        """A shard the Planner waits for first, else the one with the emptiest read-ahead (a
+        shard whose store failed its last read only once its retry is due)."""
         best: SourceShard | None = None
+        now = time.monotonic()
         for shard in self.shards.values():
+            if shard.outage is not None and shard.outage.retry_at > now:
+                continue
             if shard.waited_for:
                 return shard
             if shard.hungry and (best is None or shard.fill < best.fill):

@@ -20,12 +20,14 @@ from msd.plan.order import EpochOrder, make_blocks
 from msd.plan.partition import Shard
 from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
+from msd.roles.loader.outage import Outage
 from msd.roles.loader.visit import Visit, cell_sizes
 from msd.sample import SampleImages
 from msd.sources.fuse import Fuser, fuse_spec
 from msd.sources.image_rows import ImageRowReader, read_block, row_sizes
 from msd.sources.index import RowGroup, SourceIndex, open_source, source_key
 from msd.sources.read import RowGroupReader
+from msd.sources.storage import is_remote
 from msd.sources.transforms import make_transform
 from msd.wire.protocol import (
     Meta,
@@ -113,6 +115,8 @@ class SourceShard:
         self.samples_read = 0
         self.tokens_read = 0
         self.busy_s = 0.0
+        self.retries = 0  # reads an object store failed that were tried again
+        self.outage: Outage | None = None  # the store is failing reads now
         self.chunk_bytes = 4096  # then CHUNK_SECONDS of tokenizing, up to CHUNK_BYTES
 
     @property
@@ -290,6 +294,7 @@ class SourceShard:
             self.tokens_read,
             len(self.held),
             self.held_tokens,
+            errors=self.retries,
             busy_s=self.busy_s,
             images_read=0 if self.fuser is None else self.fuser.images_read,
             skipped=() if self.fuser is None else tuple(sorted(self.fuser.skips.items())),
@@ -307,12 +312,12 @@ class SourceShard:
         if upcoming is None or self.next_v is None:
             return None
         order, k = upcoming
-        self.next_v += self.stride
         block = self.blocks[int(order.block_perm[k])]
         groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
         rows = order.rows_of_visit(k) - block.first_row
         gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
-        visit = self._visit(groups, gpos_start, block.first_row, rows)
+        visit = self._visit(groups, gpos_start, block.first_row, rows)  # may raise Unavailable
+        self.next_v += self.stride
         if gpos_start < self.skip_below < gpos_start + len(rows):
             visit.at = self.skip_below - gpos_start
         return visit
@@ -328,6 +333,13 @@ class SourceShard:
 
             column = read_text()
             sizes = cell_sizes(column)
+            if any(is_remote(rg.file) for rg in groups):
+                # From an object store a second read is a second download: the block's column
+                # is kept for the visit (a block per source, not a window, is held).
+                kept = column
+                return Visit.of(
+                    gpos_start, first_row, rows, sizes, lambda r: kept.take(pa.array(r)), column
+                )
             return Visit.of(
                 gpos_start, first_row, rows, sizes, lambda r: read_text().take(pa.array(r)), column
             )
@@ -341,6 +353,16 @@ class SourceShard:
         # page cache: a few ms beside decoding the window's images), so a source holds a
         # window of images, not a row group of them.
         block = read_block(images, groups, np.arange(sum(rg.num_rows for rg in groups)))
+        if any(is_remote(rg.file) for rg in groups):  # kept, as for text (above)
+            kept = block
+            return Visit.of(
+                gpos_start,
+                first_row,
+                rows,
+                row_sizes(block),
+                lambda r: kept.take(pa.array(r)),
+                block,
+            )
         return Visit.of(
             gpos_start,
             first_row,

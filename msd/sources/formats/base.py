@@ -13,7 +13,6 @@ JSON line) are left out of the index, the same on every run, and listed in ``pro
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ import pyarrow as pa
 
 from msd.errors import SourceError
 from msd.recipe.schema import Source
+from msd.sources import storage
+from msd.sources.storage import Store
 
 ColumnKind = Literal["text", "tokens"]
 
@@ -65,23 +66,43 @@ class Format(Protocol):
         """Index ``path`` (reading metadata, or once the whole file, then from a cache)."""
         ...
 
-    def open(self, path: str, kind: ColumnKind) -> FileReader:
-        """A reader of ``path`` for columns of ``kind`` (JSONL parses by it)."""
+    def open(self, path: str, kind: ColumnKind, store: Store, group_rows: int | None) -> FileReader:
+        """A reader of ``path`` (on ``store`` where it is a URL) for columns of ``kind``
+        (JSONL parses by it); ``group_rows``: the source's, for formats that cut their own
+        row groups (``Source.group_rows``)."""
         ...
 
 
+def store_of(source: Source) -> Store:
+    """How ``source``'s files are reached (its ``endpoint_url``; local paths ignore it)."""
+    return Store(endpoint_url=source.endpoint_url, anonymous=source.anonymous)
+
+
 def glob_files(source: Source, key: str) -> tuple[str, ...]:
-    """The regular files ``source.path`` (a glob; ``~`` expanded, ``**`` recursive) matches,
-    as sorted absolute paths."""
-    pattern = os.path.expanduser(source.path)
-    matches = glob.glob(pattern, recursive=True)
-    files = sorted({os.path.abspath(m) for m in matches if os.path.isfile(m)})
+    """The regular files ``source.path`` (a glob; ``~`` expanded, ``**`` recursive; or an
+    ``s3://`` URL) matches, as sorted absolute paths or URLs — or, in a job, the files it
+    matched when the job started (``Source.files``)."""
+    if source.files:
+        return tuple(f.path for f in source.files)
+    files = tuple(f.path for f in listing(source, key, source.path))
     if not files:
-        raise SourceError(
-            f"source '{source.name}' ({key}.path): no file matches '{source.path}'; "
-            "check the path, relative paths are taken from the current directory"
+        hint = (
+            "check the bucket and prefix"
+            if storage.is_remote(source.path)
+            else "check the path, relative paths are taken from the current directory"
         )
-    return tuple(files)
+        raise SourceError(
+            f"source '{source.name}' ({key}.path): no file matches '{source.path}'; {hint}"
+        )
+    return files
+
+
+def listing(source: Source, key: str, pattern: str) -> tuple[storage.Listed, ...]:
+    """``storage.glob`` of ``pattern``, an object store's refusal as a `SourceError`."""
+    try:
+        return storage.glob(pattern, store_of(source))
+    except storage.StoreError as exc:
+        raise SourceError(f"source '{source.name}' ({key}.path): {exc}") from exc
 
 
 def cache_dir(kind: str) -> Path:
@@ -91,11 +112,12 @@ def cache_dir(kind: str) -> Path:
     return Path(root) / kind if root else Path.home() / ".cache" / "msd" / kind
 
 
-def file_key(path: str) -> str:
+def file_key(path: str, store: Store = storage.LOCAL) -> str:
     """A name for a cached index of ``path`` that changes when the file does (its absolute
-    path, size and modification time)."""
-    stat = os.stat(path)
-    text = f"{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    path or URL, size and modification time)."""
+    found = storage.stat(path, store)
+    where = path if storage.is_remote(path) else os.path.abspath(path)
+    text = f"{where}\0{found.size}\0{found.mtime_ns}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 

@@ -1,5 +1,5 @@
-"""JSON Lines files (``.jsonl``, ``.ndjson``, ``.json``; plain, ``.gz`` or ``.zst``): one scan
-finds each usable line's bytes; reads then take one row group's byte range.
+"""JSON Lines files (``.jsonl``, ``.ndjson``, ``.json``; plain, ``.gz`` or ``.zst``; local or
+``s3://``): one scan finds each usable line's bytes; reads then take one row group's byte range.
 
 A line is a JSON object; the source's column is a key path into it (``text``, ``meta.content``:
 dots nest). `load_index` streams the (decompressed) file once, in bounded memory, and records
@@ -10,13 +10,23 @@ of kept lines up to `GROUP_BYTES` form the row groups. The scan is cached as a `
 offsets (loaded without pickle, checked before use, rebuilt when damaged or stale) under
 ``cache_dir("jsonl")``, keyed by the file's `file_key` and the column.
 
-A `JsonlReader` reads a plain file's group with one ``pread``; a compressed file is decompressed
-forward from where the last read stopped (from the start again only for an earlier group), and
-the last group's bytes and cells are kept, since a loader reads one group several times in a row.
+A `JsonlReader` reads a plain file's group with one ``pread`` (a remote file's with one
+``read_at``: one ranged GET); a compressed file is decompressed forward from where the last read
+stopped (from the start again only for an earlier group), and the last group's bytes and cells
+are kept, since a loader reads one group several times in a row.
+
+A remote file (``msd.sources.storage``) is scanned and decompressed front to back through
+`storage.open_input` in reads of `REMOTE_CHUNK` bytes: pyarrow's S3 files send one ranged GET per
+``read``, however small, so the small reads gzip and zstd make are served from that buffer. Its
+size and modification time are the store's (a HEAD); a reader checks a remote file's size, which
+its open handle knows, before each read, and its modification time when it loads an index. An
+object store's failure while reading is raised as the `storage.StoreError` it is
+(``transient``: the loader retries); while indexing (`load_index`) it is a `SourceError`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -28,7 +38,7 @@ from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Protocol
+from typing import Annotated, Any, BinaryIO, Protocol, cast
 
 import msgspec
 import numpy as np
@@ -38,6 +48,7 @@ import pyarrow as pa
 from msd.errors import SourceError
 from msd.jobdir import atomic_write
 from msd.recipe.schema import Source
+from msd.sources import storage
 from msd.sources.formats.base import (
     ColumnKind,
     FileIndex,
@@ -45,7 +56,9 @@ from msd.sources.formats.base import (
     file_key,
     glob_files,
     reason,
+    store_of,
 )
+from msd.sources.storage import LOCAL, Store
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +67,7 @@ MAX_PROBLEMS = 20  # lines left out that are described one by one; then one summ
 CACHE_VERSION = 1
 SUFFIXES = (".jsonl", ".ndjson", ".json")
 CODECS = {".gz": "gzip", ".zst": "zstd"}
+REMOTE_CHUNK = 8 << 20  # bytes one read of a remote file's stream asks for (one GET on S3)
 
 _CHUNK = 1 << 20  # decompressed bytes a scan takes at a time
 _ZSTD_CHUNK = 1 << 16  # compressed bytes fed to zstd at a time (bounds each step's output)
@@ -143,7 +157,8 @@ class JsonlFormat:
                 f"source '{source.name}' ({field_key}): '{column}' is not a key path; "
                 "name a key, with dots between nested keys (e.g. meta.content)"
             )
-        index = load_index(path, column, kind, where=f"source '{source.name}' ({key}.path): ")
+        where = f"source '{source.name}' ({key}.path): "
+        index = load_index(path, column, kind, where=where, store=store_of(source))
         if index.num_groups == 0 and index.problems:
             where = f"source '{source.name}' ({field_key})"
             what = "a string" if kind == "text" else "a list of integers"
@@ -152,14 +167,31 @@ class JsonlFormat:
                 f"{where}: no line of '{path}' holds {what} at '{column}' ({index.problems[0]}); "
                 f"check the key path, use {other}, or fix or remove the file"
             )
-        return index.file_index()
+        return regrouped(index, source.group_rows).file_index()
 
-    def open(self, path: str, kind: ColumnKind | None = None) -> JsonlReader:
-        """A reader of ``path``; ``kind`` is the column's (None: whichever index is cached)."""
-        return JsonlReader(path, kind)
+    def open(
+        self,
+        path: str,
+        kind: ColumnKind | None = None,
+        store: Store = LOCAL,
+        group_rows: int | None = None,
+    ) -> JsonlReader:
+        """A reader of ``path`` (on ``store`` where it is a URL); ``kind`` is the column's
+        (None: whichever index is cached); ``group_rows``: the source's (`regrouped`)."""
+        return JsonlReader(path, kind, store, group_rows)
 
 
 FORMAT = JsonlFormat()
+
+
+def regrouped(index: LineIndex, group_rows: int | None) -> LineIndex:
+    """``index`` with row groups of ``group_rows`` kept lines each (the last holds the rest),
+    e.g. the row-group size of Parquet files holding the same rows; None: as scanned."""
+    if group_rows is None:
+        return index
+    n = len(index.starts)
+    groups = np.append(np.arange(0, n, group_rows, dtype=np.int64), np.int64(n))
+    return dataclasses.replace(index, groups=groups if n else np.zeros(1, dtype=np.int64))
 
 
 def is_jsonl(path: str) -> bool:
@@ -170,54 +202,87 @@ def is_jsonl(path: str) -> bool:
     return name.endswith(SUFFIXES)
 
 
-def load_index(path: str, column: str, kind: ColumnKind, where: str = "") -> LineIndex:
+def load_index(
+    path: str, column: str, kind: ColumnKind, where: str = "", store: Store = LOCAL
+) -> LineIndex:
     """The index of ``column`` in ``path``: cached while the file is unchanged, else scanned.
 
     A missing, stale or damaged cache file is rebuilt (written to a temporary file, then
     renamed); one that cannot be written only costs a scan next time. ``where`` starts the
-    message of a `SourceError` (e.g. ``source 'web' (sources[0].path): ``).
+    message of a `SourceError` (e.g. ``source 'web' (sources[0].path): ``); an object store's
+    failure (``store``: how a URL ``path`` is reached) is one too.
     """
+    try:
+        return _load_index(path, column, kind, where, store)
+    except storage.StoreError as exc:
+        message = str(exc)
+        if path not in message:
+            message = f"cannot read '{path}': {message}"
+        raise SourceError(f"{where}{message}") from exc
+
+
+def cached_index(
+    path: str, column: str, kind: ColumnKind, store: Store = LOCAL
+) -> LineIndex | None:
+    """The cached, current index of ``column`` in ``path``, or None (nothing is scanned); an
+    object store's failure to tell whether it is current raises its `storage.StoreError`."""
+    path = _absolute(path)
+    try:
+        cache = _cache_path(path, column, kind, store)
+    except storage.StoreError:
+        raise
+    except OSError:
+        return None
+    return _load_cache(cache, path, column, kind, store)
+
+
+def _load_index(path: str, column: str, kind: ColumnKind, where: str, store: Store) -> LineIndex:
+    """`load_index`, an object store's failure raised as its `storage.StoreError`."""
     if not _valid_key_path(column):
         raise SourceError(f"{where}'{column}' is not a key path of '{path}'")
-    path = os.path.abspath(path)
+    path = _absolute(path)
     try:
-        cache = _cache_path(path, column, kind)
+        cache = _cache_path(path, column, kind, store)
+    except storage.StoreError:
+        raise
     except OSError as exc:
         raise SourceError(f"{where}cannot open '{path}' ({reason(exc)}); check the path") from exc
-    index = _load_cache(cache, path, column, kind)
+    index = _load_cache(cache, path, column, kind, store)
     if index is None:
-        index = _scan_file(path, column, kind, where)
-        _write_cache(cache, index)
+        index, unchanged = _scan_file(path, column, kind, where, store)
+        if unchanged:  # else a cache of it would be wrong
+            _write_cache(cache, index)
     return index
 
 
-def cached_index(path: str, column: str, kind: ColumnKind) -> LineIndex | None:
-    """The cached, current index of ``column`` in ``path``, or None (nothing is scanned)."""
-    path = os.path.abspath(path)
-    try:
-        cache = _cache_path(path, column, kind)
-    except OSError:
-        return None
-    return _load_cache(cache, path, column, kind)
+def _absolute(path: str) -> str:
+    """A local path made absolute; a URL as it is."""
+    return path if storage.is_remote(path) else os.path.abspath(path)
 
 
 class JsonlReader:
-    """Reads one column of one row group of a JSON Lines file at a time (one file open).
+    """Reads one column of one row group of a JSON Lines file at a time (one file open; a
+    remote file is opened on the first read).
 
     Each column's index is loaded (from the cache, or scanned) on its first read.
     """
 
-    def __init__(self, path: str, kind: ColumnKind | None = None) -> None:
-        self.path = os.path.abspath(path)
+    def __init__(
+        self,
+        path: str,
+        kind: ColumnKind | None = None,
+        store: Store = LOCAL,
+        group_rows: int | None = None,
+    ) -> None:
+        self.path = _absolute(path)
         self.kind = kind
+        self.store = store
+        self.group_rows = group_rows
         self.codec = _codec(self.path)
-        try:
-            self._raw: BinaryIO = open(self.path, "rb")  # noqa: SIM115 (closed by close())
-        except OSError as exc:
-            raise SourceError(
-                f"cannot open the JSON Lines file '{self.path}' ({reason(exc)}); check that it "
-                "was not moved or removed after the source was indexed"
-            ) from exc
+        self.remote = storage.is_remote(self.path)
+        self._file: _LocalFile | _RemoteFile = (
+            _RemoteFile(self.path, store) if self.remote else _LocalFile(self.path)
+        )
         self._indexes: dict[str, LineIndex] = {}
         self._stream: _Stream | None = None
         self._pos = 0  # where the stream is, in decompressed bytes
@@ -226,7 +291,10 @@ class JsonlReader:
         self._last_cells: tuple[int, str, pa.Array] | None = None
 
     def read(self, group: int, column: str) -> pa.Array:
-        """The cells of ``column`` in row group ``group``, in line order (nulls where null)."""
+        """The cells of ``column`` in row group ``group``, in line order (nulls where null).
+
+        An object store's failure raises its `storage.StoreError` (``transient``: the same read
+        may succeed later); every other problem is a `SourceError`."""
         cells = self._last_cells
         if cells is not None and cells[0] == group and cells[1] == column:
             return cells[2]
@@ -245,10 +313,8 @@ class JsonlReader:
 
     def close(self) -> None:
         """Close the file and drop what is kept; a later read raises."""
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-        self._raw.close()
+        self._close_stream()
+        self._file.close()
         self._last_span, self._last_bytes, self._last_cells = None, b"", None
 
     def _index(self, column: str) -> LineIndex:
@@ -256,16 +322,17 @@ class JsonlReader:
         if index is not None:
             return index
         if self.kind is not None:
-            index = load_index(self.path, column, self.kind)
+            index = _load_index(self.path, column, self.kind, "", self.store)
         else:
-            index = cached_index(self.path, column, "text") or cached_index(
-                self.path, column, "tokens"
+            index = cached_index(self.path, column, "text", self.store) or cached_index(
+                self.path, column, "tokens", self.store
             )
             if index is None:
                 raise SourceError(
                     f"the JSON Lines file '{self.path}' has no cached index of '{column}'; "
                     "index the source first, or open the file with the column's kind"
                 )
+        index = regrouped(index, self.group_rows)
         self._indexes[column] = index
         return index
 
@@ -276,10 +343,21 @@ class JsonlReader:
         start, stop = span
         try:
             if self.codec is None:
-                data = _pread(self._raw, start, stop - start)
+                data = self._file.read_range(start, stop - start)
             else:
                 data = self._decompress(start, stop - start)
-        except (OSError, _BadStream) as exc:
+        except storage.StoreError:
+            raise
+        except _BadStream as exc:
+            raise SourceError(
+                f"cannot read the JSON Lines file '{self.path}' ({reason(exc)}); check that it "
+                "was not changed or removed after the source was indexed"
+            ) from exc
+        except (OSError, pa.ArrowException) as exc:
+            if self.remote:
+                raise storage.store_error(exc, self.path, self.store) from exc
+            if not isinstance(exc, OSError):
+                raise
             raise SourceError(
                 f"cannot read the JSON Lines file '{self.path}' ({reason(exc)}); check that it "
                 "was not changed or removed after the source was indexed"
@@ -293,31 +371,153 @@ class JsonlReader:
         return data
 
     def _decompress(self, start: int, size: int) -> bytes:
-        """``size`` decompressed bytes from ``start``, going forward from the last read."""
-        if self._stream is None or start < self._pos:
-            if self._stream is not None:
-                self._stream.close()
-            self._raw.seek(0)
-            self._stream, self._pos = _open_stream(self._raw, self.codec, self.path), 0
-        while self._pos < start:
-            skipped = len(self._stream.read(min(_CHUNK, start - self._pos)))
-            if not skipped:
-                return b""
-            self._pos += skipped
-        data = _read_exactly(self._stream, size)
+        """``size`` decompressed bytes from ``start``, going forward from the last read (a
+        failure drops the stream: the next read starts it again)."""
+        try:
+            if self._stream is None or start < self._pos:
+                self._close_stream()
+                self._stream = _open_stream(self._file.start(), self.codec, self.path)
+            while self._pos < start:
+                skipped = len(self._stream.read(min(_CHUNK, start - self._pos)))
+                if not skipped:
+                    return b""
+                self._pos += skipped
+            data = _read_exactly(self._stream, size)
+        except BaseException:
+            self._close_stream()
+            raise
         self._pos += len(data)
         return data
 
+    def _close_stream(self) -> None:
+        stream, self._stream, self._pos = self._stream, None, 0
+        if stream is not None:
+            stream.close()
+
     def _check_unchanged(self, index: LineIndex) -> None:
         try:
-            stat = os.fstat(self._raw.fileno())
+            size, mtime_ns = self._file.now()
+        except storage.StoreError:
+            raise
         except (OSError, ValueError) as exc:  # ValueError: the file was closed
             raise SourceError(f"cannot read the JSON Lines file '{self.path}' ({exc})") from exc
-        if (stat.st_size, stat.st_mtime_ns) != (index.size_bytes, index.mtime_ns):
+        if size != index.size_bytes or mtime_ns not in (None, index.mtime_ns):
             raise SourceError(
                 f"the JSON Lines file '{self.path}' changed after it was indexed (now "
-                f"{stat.st_size:,} bytes, then {index.size_bytes:,}); index the source again"
+                f"{size:,} bytes, then {index.size_bytes:,}); index the source again"
             )
+
+
+class _LocalFile:
+    """A local file a reader holds open: ``pread`` for a range, ``seek(0)`` to stream it."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self._raw: BinaryIO = open(path, "rb")  # noqa: SIM115 (closed by close())
+        except OSError as exc:
+            raise SourceError(
+                f"cannot open the JSON Lines file '{path}' ({reason(exc)}); check that it "
+                "was not moved or removed after the source was indexed"
+            ) from exc
+
+    def read_range(self, offset: int, size: int) -> bytes:
+        return _pread(self._raw, offset, size)
+
+    def start(self) -> _Readable:
+        """The file from its first byte."""
+        self._raw.seek(0)
+        return self._raw
+
+    def now(self) -> tuple[int, int | None]:
+        """The file's size and modification time."""
+        stat = os.fstat(self._raw.fileno())
+        return stat.st_size, stat.st_mtime_ns
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+class _RemoteFile:
+    """A remote file a reader holds open (opened on first use: one HEAD on S3): ``read_at``
+    for a range (one ranged GET), ``seek(0)`` and reads of `REMOTE_CHUNK` to stream it."""
+
+    def __init__(self, path: str, store: Store) -> None:
+        self.path, self.store = path, store
+        self._handle: Any = None  # a pyarrow.NativeFile
+        self._closed = False
+
+    def read_range(self, offset: int, size: int) -> bytes:
+        handle, pieces = self._open(), []
+        while size > 0:
+            piece = handle.read_at(size, offset)
+            if not piece:
+                break
+            pieces.append(piece)
+            offset, size = offset + len(piece), size - len(piece)
+        return b"".join(pieces)
+
+    def start(self) -> _Readable:
+        handle = self._open()
+        handle.seek(0)
+        return _Buffered(handle)
+
+    def now(self) -> tuple[int, int | None]:
+        """The file's size as it was opened (the handle knows it; no request is made), and
+        None: the modification time would take a request (the index load checked it)."""
+        return int(self._open().size()), None
+
+    def close(self) -> None:
+        handle, self._handle, self._closed = self._handle, None, True
+        if handle is not None:
+            handle.close()
+
+    def _open(self) -> Any:
+        if self._closed:
+            raise ValueError("I/O operation on closed file")
+        if self._handle is None:
+            try:
+                self._handle = storage.open_input(self.path, self.store)
+            except FileNotFoundError as exc:
+                raise SourceError(
+                    f"cannot open the JSON Lines file '{self.path}' ({reason(exc)}); check that "
+                    "it was not moved or removed after the source was indexed"
+                ) from exc
+        return self._handle
+
+
+class _Buffered:
+    """A remote file read front to back in reads of `REMOTE_CHUNK` bytes, whatever sizes its
+    caller (gzip, zstd, a scan) asks for: pyarrow sends one ranged GET per ``read``."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw  # a pyarrow.NativeFile, at the position to read from
+        self._buf = b""
+        self._pos = 0  # the next byte of _buf to give
+
+    def read(self, size: int = -1, /) -> bytes:
+        have = len(self._buf) - self._pos
+        if 0 <= size <= have:
+            data = self._buf[self._pos : self._pos + size]
+            self._pos += size
+            return data
+        pieces = [self._buf[self._pos :]] if have else []
+        self._buf, self._pos = b"", 0
+        need = size - have
+        if size < 0:
+            pieces.append(self._raw.read())
+        elif need >= REMOTE_CHUNK:
+            pieces.append(self._raw.read(need))
+        else:
+            chunk = self._raw.read(REMOTE_CHUNK)
+            pieces.append(chunk[:need])
+            self._buf, self._pos = chunk, min(need, len(chunk))
+        return b"".join(pieces)
+
+    def peek(self, size: int) -> bytes:
+        """The next ``size`` bytes (fewer where the file ends first), left to be read."""
+        if len(self._buf) - self._pos < size:
+            self._buf, self._pos = self._buf[self._pos :] + self._raw.read(REMOTE_CHUNK), 0
+        return self._buf[self._pos : self._pos + size]
 
 
 # Scanning ----------------------------------------------------------------------------------------
@@ -331,6 +531,12 @@ class _Stream(Protocol):
     def read(self, size: int) -> bytes: ...
 
     def close(self) -> None: ...
+
+
+class _Readable(Protocol):
+    """A file read front to back: a local file, or a remote one through `_Buffered`."""
+
+    def read(self, size: int, /) -> bytes: ...
 
 
 class _Lines:
@@ -385,11 +591,24 @@ class _Lines:
             self.problems.append(f"line {self.number}: {problem}")
 
 
-def _scan_file(path: str, column: str, kind: ColumnKind, where: str) -> LineIndex:
+def _scan_file(
+    path: str, column: str, kind: ColumnKind, where: str, store: Store
+) -> tuple[LineIndex, bool]:
+    """The index of ``path``, scanned, and whether the file stayed the same meanwhile."""
     codec = _codec(path)
+    remote = storage.is_remote(path)
     try:
-        with open(path, "rb") as raw:
-            before = os.fstat(raw.fileno())
+        if remote:
+            before = _size_and_mtime(storage.stat(path, store))
+            # open_input, not open_stream: the two make the same requests on S3 (a HEAD, then
+            # one ranged GET per read), and pyarrow's input streams decompress a .gz or .zst
+            # object themselves unless told not to.
+            file: Any = storage.open_input(path, store)
+        else:
+            file = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+            before = _fstat(file)
+        with file:
+            raw: _Readable = _Buffered(file) if remote else file
             if codec is None:
                 _refuse_compressed(raw, path, where)
             stream = _open_stream(raw, codec, path, where)
@@ -397,8 +616,18 @@ def _scan_file(path: str, column: str, kind: ColumnKind, where: str) -> LineInde
                 lines, stream_bytes = _scan(stream, column, kind)
             finally:
                 stream.close()
-            after = os.fstat(raw.fileno())
-    except OSError as exc:
+            after = _size_and_mtime(storage.stat(path, store)) if remote else _fstat(file)
+    except storage.StoreError:
+        raise
+    except FileNotFoundError as exc:
+        raise SourceError(
+            f"{where}cannot read '{path}' ({reason(exc)}); check that it exists and is readable"
+        ) from exc
+    except (OSError, pa.ArrowException) as exc:
+        if remote:
+            raise storage.store_error(exc, path, store) from exc
+        if not isinstance(exc, OSError):
+            raise
         raise SourceError(
             f"{where}cannot read '{path}' ({reason(exc)}); check that it exists and is readable"
         ) from exc
@@ -407,7 +636,8 @@ def _scan_file(path: str, column: str, kind: ColumnKind, where: str) -> LineInde
             f"{where}'{path}' is not a readable {codec} stream ({exc}); recompress or remove it, "
             "or narrow the glob"
         ) from exc
-    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+    unchanged = after == before
+    if not unchanged:
         log.warning("'%s' changed while it was indexed; its index will not match it", path)
     groups = lines.groups
     if len(lines.starts) > groups[-1]:
@@ -416,8 +646,8 @@ def _scan_file(path: str, column: str, kind: ColumnKind, where: str) -> LineInde
         path=path,
         column=column,
         kind=kind,
-        size_bytes=before.st_size,
-        mtime_ns=before.st_mtime_ns,
+        size_bytes=before[0],
+        mtime_ns=before[1],
         stream_bytes=stream_bytes,
         starts=np.array(lines.starts, dtype=np.int64),
         ends=np.array(lines.ends, dtype=np.int64),
@@ -432,7 +662,16 @@ def _scan_file(path: str, column: str, kind: ColumnKind, where: str) -> LineInde
         index.num_groups,
         lines.left_out,
     )
-    return index
+    return index, unchanged
+
+
+def _fstat(file: BinaryIO) -> tuple[int, int]:
+    stat = os.fstat(file.fileno())
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _size_and_mtime(found: storage.Listed) -> tuple[int, int]:
+    return found.size, found.mtime_ns
 
 
 def _scan(stream: _Stream, column: str, kind: ColumnKind) -> tuple[_Lines, int]:
@@ -495,7 +734,7 @@ def _codec(path: str) -> str | None:
     return next((c for s, c in CODECS.items() if path.lower().endswith(s)), None)
 
 
-def _open_stream(raw: BinaryIO, codec: str | None, path: str, where: str = "") -> _Stream:
+def _open_stream(raw: _Readable, codec: str | None, path: str, where: str = "") -> _Stream:
     if codec == "gzip":
         return _GzipStream(raw)
     if codec == "zstd":
@@ -504,7 +743,7 @@ def _open_stream(raw: BinaryIO, codec: str | None, path: str, where: str = "") -
 
 
 class _PlainStream:
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: _Readable) -> None:
         self._raw = raw
 
     def read(self, size: int) -> bytes:
@@ -515,8 +754,9 @@ class _PlainStream:
 
 
 class _GzipStream:
-    def __init__(self, raw: BinaryIO) -> None:
-        self._file = gzip.GzipFile(fileobj=raw, mode="rb")
+    def __init__(self, raw: _Readable) -> None:
+        # gzip seeks its file only to rewind, which no stream here does.
+        self._file = gzip.GzipFile(fileobj=cast(BinaryIO, raw), mode="rb")
 
     def read(self, size: int) -> bytes:
         try:
@@ -533,7 +773,7 @@ class _ZstdStream:
     small; a stream that stops inside a frame is refused (the zstandard readers return what they
     have without a word)."""
 
-    def __init__(self, raw: BinaryIO, path: str, where: str = "") -> None:
+    def __init__(self, raw: _Readable, path: str, where: str = "") -> None:
         zstandard = _zstandard(path, where)
         self._raw = raw
         self._dctx = zstandard.ZstdDecompressor()
@@ -587,9 +827,12 @@ def _zstandard(path: str, where: str) -> Any:
     return zstandard
 
 
-def _refuse_compressed(raw: BinaryIO, path: str, where: str) -> None:
-    head = raw.read(4)
-    raw.seek(0)
+def _refuse_compressed(raw: _Readable, path: str, where: str) -> None:
+    if isinstance(raw, _Buffered):
+        head = raw.peek(4)
+    else:
+        head = raw.read(4)
+        cast(BinaryIO, raw).seek(0)
     for magic, codec in _MAGIC.items():
         if head.startswith(magic):
             suffix = next(s for s, c in CODECS.items() if c == codec)
@@ -658,13 +901,19 @@ class _Header(msgspec.Struct, frozen=True):
     problems: tuple[str, ...]
 
 
-def _cache_path(path: str, column: str, kind: ColumnKind) -> Path:
-    text = f"{file_key(path)}\0{column}\0{kind}"
+def _cache_path(path: str, column: str, kind: ColumnKind, store: Store = LOCAL) -> Path:
+    """Where the index of ``column`` in ``path`` as it is now is cached (a remote file's key
+    names its store too: one bucket and key may be two objects on two stores)."""
+    text = f"{file_key(path, store)}\0{column}\0{kind}"
+    if storage.is_remote(path):
+        text += f"\0{storage.endpoint_of(store)}"
     digest = hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
-    return cache_dir("jsonl") / f"{Path(path).name[:80]}.{digest}.npz"
+    return cache_dir("jsonl") / f"{storage.cache_name(path)}.{digest}.npz"
 
 
-def _load_cache(cache: Path, path: str, column: str, kind: ColumnKind) -> LineIndex | None:
+def _load_cache(
+    cache: Path, path: str, column: str, kind: ColumnKind, store: Store = LOCAL
+) -> LineIndex | None:
     """The index ``cache`` holds for ``path`` as it is now, or None (missing, stale, damaged)."""
     try:
         with np.load(cache, allow_pickle=False) as npz:
@@ -683,7 +932,9 @@ def _load_cache(cache: Path, path: str, column: str, kind: ColumnKind) -> LineIn
         log.info("rebuilding the damaged index cache '%s' (%s)", cache, reason(exc))
         return None
     try:
-        stat = os.stat(path)
+        found = storage.stat(path, store)
+    except storage.StoreError:
+        raise
     except OSError:
         return None
     fresh = (header.version, header.path, header.column, header.kind) == (
@@ -691,7 +942,7 @@ def _load_cache(cache: Path, path: str, column: str, kind: ColumnKind) -> LineIn
         path,
         column,
         kind,
-    ) and (header.size_bytes, header.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    ) and (header.size_bytes, header.mtime_ns) == (found.size, found.mtime_ns)
     if not fresh:
         log.info("rebuilding the stale index cache '%s'", cache)
         return None
@@ -738,12 +989,7 @@ def _consistent(index: LineIndex, plain: bool) -> bool:
 
 
 def _write_cache(cache: Path, index: LineIndex) -> None:
-    try:
-        stat = os.stat(index.path)
-    except OSError:
-        return
-    if (stat.st_size, stat.st_mtime_ns) != (index.size_bytes, index.mtime_ns):
-        return  # changed while scanned: a cache of it would be wrong
+    """Cache ``index`` (of a file that did not change while it was scanned)."""
     header = _Header(
         CACHE_VERSION,
         index.path,

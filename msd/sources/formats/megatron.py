@@ -2,8 +2,13 @@
 
 A sample is one *document* (its sequences' tokens, concatenated); a row group is a run of
 consecutive documents holding at most `GROUP_TOKENS` tokens (one longer document is a group of
-its own). Reads are zero-copy views of a memory map of the ``.bin`` whenever a group's
-sequences lie back to back, as Megatron's builder writes them; other layouts are gathered.
+its own), or of ``group_rows`` documents where the source sets it. Reads are zero-copy views
+of a memory map of the ``.bin`` whenever a group's sequences lie back to back, as Megatron's
+builder writes them; other layouts are gathered.
+
+A dataset in an object store (``s3://``, `msd.sources.storage`) is read the same way without a
+map: its ``.idx`` is read whole (the header first, to check the sizes it claims) and held in
+memory while the file is open, and a row group's tokens are one ranged read of the ``.bin``.
 
 The ``.idx`` layout followed is version 1, as ``megatron/core/datasets/indexed_dataset.py``
 (megatron-core 0.16, ``_IndexWriter``/``_IndexReader``) writes it, all little-endian:
@@ -26,13 +31,12 @@ column is always the file itself: ``token_column`` is ignored and ``text_column`
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +44,9 @@ import pyarrow as pa
 
 from msd.errors import SourceError
 from msd.recipe.schema import Source
-from msd.sources.formats.base import ColumnKind, FileIndex
+from msd.sources import storage
+from msd.sources.formats.base import ColumnKind, FileIndex, listing, reason, store_of
+from msd.sources.storage import LOCAL, Store
 
 log = logging.getLogger(__name__)
 
@@ -94,32 +100,46 @@ class MegatronFormat:
 
     def files(self, source: Source, key: str) -> tuple[str, ...]:
         """The ``.idx`` files ``source.path`` names (a ``.idx`` glob, a ``.bin`` glob, or a
-        data prefix as Megatron's ``data_path`` takes it), sorted; each needs its ``.bin``."""
+        data prefix as Megatron's ``data_path`` takes it; local or ``s3://``), sorted — or, in a
+        job, those it named when the job started (``Source.files``); each needs its ``.bin``."""
+        if source.files:
+            return tuple(f.path for f in source.files)
         where = f"source '{source.name}' ({key}.path)"
-        pattern = os.path.expanduser(source.path)
-        if pattern.endswith(".idx"):
-            idx_files = _glob(pattern)
-        elif pattern.endswith(".bin"):
-            bins = _glob(pattern)
-            idx_files = [_sibling(b, ".idx") for b in bins]
+        remote = storage.is_remote(source.path)
+        pattern = source.path if remote else os.path.expanduser(source.path)
+        stem = pattern[:-4] if pattern.endswith((".idx", ".bin")) else pattern
+        bins: list[str] = []
+        if pattern.endswith(".bin"):
+            bins = _glob(source, key, pattern)
+            idx_files = [storage.sibling(b, ".idx") for b in bins]
+            present = _present(source, key, stem + ".idx", idx_files)
             for b, idx in zip(bins, idx_files, strict=True):
-                if not os.path.isfile(idx):
+                if idx not in present:
                     raise SourceError(
                         f"{where}: '{b}' has no index '{idx}' beside it; copy the .idx next "
                         "to the .bin, or narrow the glob to complete datasets"
                     )
         else:
-            idx_files = _glob(pattern + ".idx")
+            idx_files = _glob(source, key, stem + ".idx")
         if not idx_files:
+            hint = (
+                "and check the bucket and prefix"
+                if remote
+                else "relative paths being taken from the current directory"
+            )
             raise SourceError(
                 f"{where}: no Megatron index matches '{source.path}'; give a .idx glob, a .bin "
-                "glob or a data prefix without extension (prefix.idx and prefix.bin), relative "
-                "paths being taken from the current directory"
+                "glob or a data prefix without extension (prefix.idx and prefix.bin), "
+                f"{hint}"
             )
         paths = tuple(sorted(set(idx_files)))
+        if bins:
+            return paths  # every .bin was found by the glob
+        wanted = [storage.sibling(idx, ".bin") for idx in paths]
+        present = _present(source, key, stem + ".bin", wanted)
         for idx in paths:
-            bin_path = _sibling(idx, ".bin")
-            if not os.path.isfile(bin_path):
+            bin_path = storage.sibling(idx, ".bin")
+            if bin_path not in present:
                 raise SourceError(
                     f"{where}: '{idx}' has no data file '{bin_path}' beside it; copy the .bin "
                     "next to the .idx, or remove the .idx from the glob"
@@ -135,7 +155,8 @@ class MegatronFormat:
                 f"source '{source.name}' ({key}.text_column): Megatron data '{path}' is already "
                 "tokenized; set token_column (any name, it is ignored) instead of text_column"
             )
-        parsed = parse(path, f"source '{source.name}' ({key}.path): Megatron index")
+        what = f"source '{source.name}' ({key}.path): Megatron index"
+        parsed = parse(path, what, store_of(source), group_rows=source.group_rows)
         log.debug(
             "indexed %s: %d documents, %d tokens, %d row groups",
             path,
@@ -145,28 +166,51 @@ class MegatronFormat:
         )
         return FileIndex(parsed.group_rows, holds_text=parsed.tokens > 0)
 
-    def open(self, path: str, kind: ColumnKind = "tokens") -> MegatronReader:
-        return MegatronReader(path)
+    def open(
+        self,
+        path: str,
+        kind: ColumnKind = "tokens",
+        store: Store = LOCAL,
+        group_rows: int | None = None,
+    ) -> MegatronReader:
+        """A reader of ``path`` (on ``store`` where it is a URL); ``group_rows``: the source's
+        documents per row group (None: `GROUP_TOKENS` tokens of documents)."""
+        return MegatronReader(path, store, group_rows)
 
 
 class MegatronReader:
-    """An open dataset: the checked ``.idx`` and a read-only memory map of the ``.bin``.
+    """An open dataset: the checked ``.idx`` and a read-only memory map of the ``.bin`` — or,
+    for a ``.bin`` in an object store, the open object, read by range.
 
     The index is parsed and checked again against the ``.bin`` as it is now; every read then
-    checks that the ``.bin`` kept that size (a truncated map would crash the process).
+    checks that the ``.bin`` kept that size (a truncated map would crash the process). For an
+    object the size is the one it had when opened, and a read that comes back short is refused
+    the same way. An object store's failures (``OSError``) are left to the caller, which tells
+    a transient one from the rest (``msd.sources.read``).
     """
 
-    def __init__(self, path: str) -> None:
-        self.index = parse(path, "Megatron index")
+    def __init__(self, path: str, store: Store = LOCAL, group_rows: int | None = None) -> None:
+        self.index = parse(path, "Megatron index", store, True, group_rows)
+        self._closed = False
+        self._file: BinaryIO | None = None
+        self._input: pa.NativeFile | None = None
+        self._tokens: npt.NDArray[Any] = np.empty(0, dtype=self.index.dtype)
+        if storage.is_remote(self.index.bin_path):
+            self._input = storage.open_input(self.index.bin_path, store)
+            try:
+                self._check_size()
+            except BaseException:
+                self._input.close()
+                raise
+            return
         self._file = open(self.index.bin_path, "rb")  # noqa: SIM115 (closed by close())
         try:
             self._check_size()
             count = self.index.bin_size // self.index.dtype.itemsize
-            self._tokens: npt.NDArray[Any] = (
-                np.memmap(self._file, dtype=self.index.dtype, mode="r", shape=(count,))
-                if count
-                else np.empty(0, dtype=self.index.dtype)
-            )
+            if count:
+                self._tokens = np.memmap(
+                    self._file, dtype=self.index.dtype, mode="r", shape=(count,)
+                )
         except BaseException:
             self._file.close()
             raise
@@ -175,7 +219,7 @@ class MegatronReader:
         """Row group ``group`` as a ``large_list`` of the file's integer type, one row per
         document in order (``column`` is ignored: the file has one)."""
         index = self.index
-        if self._file.closed:
+        if self._closed:
             raise SourceError(f"Megatron data '{index.bin_path}' was read after it was closed")
         if not 0 <= group < len(index.group_starts) - 1:
             raise SourceError(
@@ -194,8 +238,12 @@ class MegatronReader:
         return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
 
     def close(self) -> None:
+        self._closed = True
         self._tokens = np.empty(0, dtype=self.index.dtype)  # arrays read still hold the map
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+        if self._input is not None:
+            self._input.close()
 
     def _values(self, pointers: Int64s, sizes: Int64s) -> npt.NDArray[Any]:
         """The tokens of these sequences, concatenated: one view when they are contiguous."""
@@ -206,14 +254,42 @@ class MegatronReader:
             return np.empty(0, dtype=self.index.dtype)
         breaks = np.flatnonzero(pointers[1:] != pointers[:-1] + sizes[:-1]) + 1
         runs = np.split(np.arange(len(sizes)), breaks)
-        views = [
-            self._tokens[int(pointers[r[0]]) : int(pointers[r[-1]] + sizes[r[-1]])].view(np.ndarray)
-            for r in runs
-        ]
+        spans = [(int(pointers[r[0]]), int(pointers[r[-1]] + sizes[r[-1]])) for r in runs]
+        if self._input is not None:
+            views = self._fetch(spans)
+        else:
+            views = [self._tokens[a:b].view(np.ndarray) for a, b in spans]
         return views[0] if len(views) == 1 else np.concatenate(views)
 
+    def _fetch(self, spans: list[tuple[int, int]]) -> list[npt.NDArray[Any]]:
+        """The tokens of each span (token positions ``[start, stop)``) of the remote ``.bin``:
+        one ranged read of them all (a group as Megatron's builder writes it is one span), or
+        one read a span where they lie far apart (reading the gaps would cost more)."""
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        if hi - lo <= 2 * sum(b - a for a, b in spans):
+            tokens = self._read_tokens(lo, hi)
+            return [tokens[a - lo : b - lo] for a, b in spans]
+        return [self._read_tokens(a, b) for a, b in spans]
+
+    def _read_tokens(self, start: int, stop: int) -> npt.NDArray[Any]:
+        assert self._input is not None
+        item = self.index.dtype.itemsize
+        data = self._input.read_at((stop - start) * item, start * item)
+        if len(data) != (stop - start) * item:
+            raise SourceError(
+                f"Megatron data '{self.index.bin_path}' ended at byte {start * item + len(data):,}"
+                f", inside the {self.index.bin_size:,} bytes it had when opened and checked "
+                "against its index; it was changed after the source was indexed, restore it or "
+                "index the source again"
+            )
+        return np.frombuffer(data, dtype=self.index.dtype)
+
     def _check_size(self) -> None:
-        size = os.fstat(self._file.fileno()).st_size
+        if self._input is not None:
+            size = int(self._input.size())
+        else:
+            assert self._file is not None
+            size = os.fstat(self._file.fileno()).st_size
         if size != self.index.bin_size:
             raise SourceError(
                 f"Megatron data '{self.index.bin_path}' is {size:,} bytes, not the "
@@ -222,21 +298,40 @@ class MegatronReader:
             )
 
 
-def parse(path: str, what: str) -> MegatronIndex:
+def parse(
+    path: str,
+    what: str,
+    store: Store = LOCAL,
+    raw_store_errors: bool = False,
+    group_rows: int | None = None,
+) -> MegatronIndex:
     """Parse and check the ``.idx`` at ``path`` against its ``.bin`` (``what`` starts every
-    error, e.g. ``source 'web' (sources[0].path): Megatron index``)."""
+    error, e.g. ``source 'web' (sources[0].path): Megatron index``); row groups of
+    ``group_rows`` documents each (the last holds the rest), or, for None, of `GROUP_TOKENS`
+    tokens.
+
+    A local ``.idx`` is memory-mapped; one in an object store (``store``) is read whole once
+    its header's sizes are checked, and held in memory. Where the ``.idx`` or ``.bin`` cannot
+    be read that is a `SourceError` — or, for a URL with ``raw_store_errors``, the store's
+    ``OSError`` itself (a loader tells a transient failure from the rest).
+    """
     where = f"{what} '{path}'"
-    bin_path = _sibling(path, ".bin")
+    bin_path = storage.sibling(path, ".bin")
+    remote = storage.is_remote(path)
     try:
-        idx_size = os.path.getsize(path)
-        bin_size = os.path.getsize(bin_path)
-        with open(path, "rb") as f:
-            head = f.read(HEADER.size)
+        if remote:
+            idx_size = storage.stat(path, store).size
+            bin_size = storage.stat(bin_path, store).size
+            head = storage.read_range(path, 0, HEADER.size, store)
+        else:
+            idx_size = os.path.getsize(path)
+            bin_size = os.path.getsize(bin_path)
+            with open(path, "rb") as f:
+                head = f.read(HEADER.size)
     except OSError as exc:
-        raise SourceError(
-            f"{where} or its data '{bin_path}' cannot be read ({exc.strerror or exc}); "
-            "check that both exist and are readable"
-        ) from exc
+        if remote and raw_store_errors:
+            raise
+        raise _unreadable(where, bin_path, exc) from exc
     if len(head) < HEADER.size:
         raise SourceError(
             f"{where} is {idx_size} bytes, shorter than the {HEADER.size}-byte header; "
@@ -281,7 +376,11 @@ def parse(path: str, what: str) -> MegatronIndex:
             f"bytes, not a multiple of {dtype.itemsize}; the .bin is truncated or belongs to "
             "another index"
         )
-    raw: npt.NDArray[np.uint8] = np.memmap(path, dtype=np.uint8, mode="r")
+    raw: npt.NDArray[np.uint8]
+    if remote:
+        raw = _read_remote(path, where, bin_path, idx_size, head, store, raw_store_errors)
+    else:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
     off = HEADER.size
     sizes = np.frombuffer(raw, dtype="<i4", count=seqs, offset=off)
     pointers = np.frombuffer(raw, dtype="<i8", count=seqs, offset=off + 4 * seqs)
@@ -295,8 +394,45 @@ def parse(path: str, what: str) -> MegatronIndex:
                 f"{where} is multimodal (it marks sequences that are not text); "
                 "only token-only Megatron datasets can be read"
             )
-    starts = _group_starts(sizes, doc_idx)
+    starts = (
+        _group_starts(sizes, doc_idx) if group_rows is None else _fixed_starts(docs - 1, group_rows)
+    )
     return MegatronIndex(path, bin_path, bin_size, dtype, sizes, pointers, doc_idx, starts, tokens)
+
+
+def _read_remote(
+    path: str,
+    where: str,
+    bin_path: str,
+    idx_size: int,
+    head: bytes,
+    store: Store,
+    raw_store_errors: bool,
+) -> npt.NDArray[np.uint8]:
+    """The whole remote ``.idx`` (``idx_size`` bytes, checked against its header) in memory."""
+    try:
+        data = storage.read_range(path, 0, idx_size, store)
+    except OSError as exc:
+        if raw_store_errors:
+            raise
+        raise _unreadable(where, bin_path, exc) from exc
+    if len(data) != idx_size or data[: len(head)] != head:
+        raise SourceError(
+            f"{where} changed while it was read ({len(data):,} bytes, not {idx_size:,}); "
+            "index the source again once it is no longer being written"
+        )
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _unreadable(where: str, bin_path: str, exc: OSError) -> SourceError:
+    """An ``.idx`` or ``.bin`` that cannot be read (an object store's refusal included: its
+    message is one sentence)."""
+    remote_missing = isinstance(exc, FileNotFoundError) and storage.is_remote(bin_path)
+    detail = reason(exc) if remote_missing else (exc.strerror or exc)
+    return SourceError(
+        f"{where} or its data '{bin_path}' cannot be read ({detail}); "
+        "check that both exist and are readable"
+    )
 
 
 def _check_sequences(
@@ -377,6 +513,13 @@ def _group_starts(sizes: npt.NDArray[np.int32], doc_idx: Int64s) -> Int64s:
     return np.asarray(starts, dtype=np.int64)
 
 
+def _fixed_starts(documents: int, group_rows: int) -> Int64s:
+    """The first document of each run of ``group_rows`` documents, then the document count."""
+    if not documents:
+        return np.zeros(1, dtype=np.int64)
+    return np.append(np.arange(0, documents, group_rows, dtype=np.int64), np.int64(documents))
+
+
 def _document_ends(sizes: npt.NDArray[np.int32], doc_idx: Int64s) -> Iterator[Int64s]:
     """The token position at which each document ends, in order, a bounded array at a time."""
     ends = doc_idx[1:]
@@ -400,14 +543,17 @@ def _chunks(array: npt.NDArray[Any]) -> Iterator[npt.NDArray[Any]]:
         yield array[start : start + CHUNK]
 
 
-def _glob(pattern: str) -> list[str]:
-    return sorted(
-        {os.path.abspath(m) for m in glob.glob(pattern, recursive=True) if os.path.isfile(m)}
-    )
+def _glob(source: Source, key: str, pattern: str) -> list[str]:
+    """The files ``pattern`` matches (local ones as absolute paths), sorted."""
+    return [found.path for found in listing(source, key, pattern)]
 
 
-def _sibling(path: str, ext: str) -> str:
-    return os.path.splitext(path)[0] + ext
+def _present(source: Source, key: str, pattern: str, wanted: list[str]) -> set[str]:
+    """Which of ``wanted`` (files ``pattern`` matches, if they exist) exist: checked one by one
+    where local, found with one listing of ``pattern`` in an object store."""
+    if not storage.is_remote(pattern):
+        return {path for path in wanted if os.path.isfile(path)}
+    return {found.path for found in listing(source, key, pattern)} & set(wanted)
 
 
 FORMAT = MegatronFormat()

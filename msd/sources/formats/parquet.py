@@ -18,7 +18,9 @@ from msd.sources.formats.base import (
     check_image_column,
     glob_files,
     reason,
+    store_of,
 )
+from msd.sources.storage import LOCAL, Store, is_remote, open_input
 
 # A buffered stream keeps nothing once a read is done; unbuffered pre-reads would keep each
 # open file's last column chunk (about a row group, compressed) alive.
@@ -35,8 +37,10 @@ class ParquetFormat:
         self, source: Source, key: str, path: str, column: str, kind: ColumnKind
     ) -> FileIndex:
         try:
-            with pq.ParquetFile(path) as pf:
+            with pq.ParquetFile(_source_of(path, store_of(source))) as pf:
                 meta, schema = pf.metadata, pf.schema_arrow
+        except SourceError:
+            raise
         except (pa.ArrowException, OSError) as exc:
             raise SourceError(
                 f"source '{source.name}' ({key}.path): '{path}' is not a readable Parquet file "
@@ -48,19 +52,32 @@ class ParquetFormat:
         rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
         return FileIndex(rows, kind == "tokens" or may_hold_text(meta, column))
 
-    def open(self, path: str, kind: ColumnKind = "text") -> ParquetReader:
-        return ParquetReader(path)
+    def open(
+        self,
+        path: str,
+        kind: ColumnKind = "text",
+        store: Store = LOCAL,
+        group_rows: int | None = None,
+    ) -> ParquetReader:
+        return ParquetReader(path, store)  # the file's own row groups, whatever group_rows
 
 
 class ParquetReader:
-    def __init__(self, path: str) -> None:
-        self.file = pq.ParquetFile(path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
+    def __init__(self, path: str, store: Store = LOCAL) -> None:
+        self.file = pq.ParquetFile(
+            _source_of(path, store), pre_buffer=False, buffer_size=READ_BUFFER_BYTES
+        )
 
     def read(self, group: int, column: str) -> pa.Array:
         return self.file.read_row_group(group, columns=[column]).column(0).combine_chunks()
 
     def close(self) -> None:
         self.file.close()
+
+
+def _source_of(path: str, store: Store) -> str | pa.NativeFile:
+    """A local path as it is (pyarrow opens it); a URL opened on its store (ranged reads)."""
+    return open_input(path, store) if is_remote(path) else path
 
 
 def may_hold_text(meta: pq.FileMetaData, column: str) -> bool:
