@@ -42,6 +42,7 @@ from tests.conftest import (
     start_launch,
 )
 from tests.integration.test_recovery import role_pids, wait_for_step
+from tests.s3.server import S3Bucket
 
 IMAGE_TOKEN = 151655
 MAX_PIXELS = 14 * 14 * 4 * 256  # at most 256 tokens an image: cheap to decode, several per row
@@ -311,6 +312,22 @@ def test_the_stream_is_the_same_with_more_loaders(
     job, summary = launch(tmp_path, doc)
     assert digests(job) == digests(epoch[0])
     assert {k: summary[k] for k in COUNTS} == {k: epoch[1][k] for k in COUNTS}
+
+
+def test_the_same_shards_and_files_in_s3_give_the_same_stream(
+    tmp_path: Path, vlm_data: Path, epoch: tuple[Path, dict], s3: S3Bucket
+) -> None:
+    """WebDataset shards (a damaged and a cut one among them), Parquet image and interleaved
+    files and a text source, all read from an S3 bucket: the local stream, damage counted the
+    same (the trainers' pace does not change the stream)."""
+    s3.upload(vlm_data, "vlm")
+    doc = recipe(vlm_data, trainer={"command": "demo", "demo": {"step_ms": 0}})
+    for source in doc["sources"]:
+        source["path"] = source["path"].replace(str(vlm_data), s3.url("vlm"))
+    job, summary = launch(tmp_path, doc)
+    assert digests(job) == digests(epoch[0])
+    assert {k: summary[k] for k in COUNTS} == {k: epoch[1][k] for k in COUNTS}
+    assert summary["skipped_images_by_source"] == epoch[1]["skipped_images_by_source"]
 
 
 @pytest.mark.parametrize("shadows", [0, 1], ids=["restarted", "shadow"])
