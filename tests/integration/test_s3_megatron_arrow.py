@@ -171,6 +171,32 @@ def test_a_megatron_read_from_s3_is_one_ranged_read_of_the_bin(megatron_on_s3) -
         reader.close()
 
 
+def test_a_remote_index_is_read_from_the_store_once_a_machine(
+    megatron_on_s3: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The .idx is copied to the cache on its first read; a reopened dataset reads only its
+    header from the store, and a changed .idx is read again."""
+    root, url = megatron_on_s3
+    monkeypatch.setenv("MSD_CACHE_DIR", str(tmp_path / "cache"))
+    ranges: list[tuple[str, int, int]] = []
+    real = megatron.storage.read_range
+
+    def counting(path: str, offset: int, size: int, store: Any = None) -> bytes:
+        ranges.append((path, offset, size))
+        return real(path, offset, size, store)
+
+    monkeypatch.setattr(megatron.storage, "read_range", counting)
+    store = store_of(_source(url))
+    first = megatron.parse(f"{url}/a.idx", "index", store)
+    assert [size for *_, size in ranges] == [megatron.HEADER.size, (root / "a.idx").stat().st_size]
+    assert len(list((tmp_path / "cache" / "megatron").iterdir())) == 1
+    ranges.clear()
+    again = megatron.parse(f"{url}/a.idx", "index", store)
+    assert [size for *_, size in ranges] == [megatron.HEADER.size]  # the header only
+    assert np.array_equal(again.document_indices, first.document_indices)
+    assert np.array_equal(again.sizes, first.sizes)
+
+
 def _wrong_version(idx: Path) -> None:
     raw = bytearray(idx.read_bytes())
     raw[9:17] = struct.pack("<Q", 2)

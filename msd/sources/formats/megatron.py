@@ -31,6 +31,7 @@ column is always the file itself: ``token_column`` is ignored and ``text_column`
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import struct
@@ -43,9 +44,17 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from msd.errors import SourceError
+from msd.jobdir import atomic_write
 from msd.recipe.schema import Source
 from msd.sources import storage
-from msd.sources.formats.base import ColumnKind, FileIndex, listing, reason, store_of
+from msd.sources.formats.base import (
+    ColumnKind,
+    FileIndex,
+    cache_dir,
+    listing,
+    reason,
+    store_of,
+)
 from msd.sources.storage import LOCAL, Store
 
 log = logging.getLogger(__name__)
@@ -320,7 +329,8 @@ def parse(
     remote = storage.is_remote(path)
     try:
         if remote:
-            idx_size = storage.stat(path, store).size
+            idx_found = storage.stat(path, store)
+            idx_size = idx_found.size
             bin_size = storage.stat(bin_path, store).size
             head = storage.read_range(path, 0, HEADER.size, store)
         else:
@@ -378,7 +388,7 @@ def parse(
         )
     raw: npt.NDArray[np.uint8]
     if remote:
-        raw = _read_remote(path, where, bin_path, idx_size, head, store, raw_store_errors)
+        raw = _cached_remote(idx_found, where, bin_path, head, store, raw_store_errors)
     else:
         raw = np.memmap(path, dtype=np.uint8, mode="r")
     off = HEADER.size
@@ -398,6 +408,36 @@ def parse(
         _group_starts(sizes, doc_idx) if group_rows is None else _fixed_starts(docs - 1, group_rows)
     )
     return MegatronIndex(path, bin_path, bin_size, dtype, sizes, pointers, doc_idx, starts, tokens)
+
+
+def _cached_remote(
+    found: storage.Listed,
+    where: str,
+    bin_path: str,
+    head: bytes,
+    store: Store,
+    raw_store_errors: bool,
+) -> npt.NDArray[np.uint8]:
+    """A remote ``.idx``, memory-mapped from a copy in ``cache_dir("megatron")`` made on its
+    first read (keyed by its URL, endpoint, size and modification time): a loader reopening
+    the dataset reads no index bytes from the store again."""
+    key = f"{found.path}\0{storage.endpoint_of(store)}\0{found.size}\0{found.mtime_ns}"
+    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+    cache = cache_dir("megatron") / f"{storage.cache_name(found.path)}.{digest}"
+    try:
+        if cache.stat().st_size == found.size:
+            raw: npt.NDArray[np.uint8] = np.memmap(cache, dtype=np.uint8, mode="r")
+            if raw[: len(head)].tobytes() == head:
+                return raw
+    except (OSError, ValueError):
+        pass  # not cached yet, or damaged: read it again
+    data = _read_remote(found.path, where, bin_path, found.size, head, store, raw_store_errors)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(cache, data.tobytes())
+    except OSError as exc:
+        log.warning("cannot cache the index '%s' in %s (%s)", found.path, cache.parent, exc)
+    return data
 
 
 def _read_remote(
