@@ -302,6 +302,35 @@ def test_a_save_to_disk_folder_url_reads_as_it_does_locally(
     assert [r for a in _arrays(open_source(tokens, KEY)) for r in a.to_pylist()] == ids
 
 
+def test_a_reopened_remote_stream_reads_only_the_batches_it_wants(
+    s3: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a remote stream's batches lie is found once a machine (then cached): the second
+    reader of the file does not read the stream to find them, and reads the same batches."""
+    monkeypatch.setenv("MSD_CACHE_DIR", str(tmp_path / "cache"))
+    texts = [f"row {i}" for i in range(30)]
+    (tmp_path / "d").mkdir()
+    batches = [_batch(texts[i : i + 10], [[i]] * 10) for i in (0, 10, 20)]
+    _write_ipc(tmp_path / "d" / "s.arrow", batches, file_format=False)
+    url = s3.upload(tmp_path / "d", "cached")
+    scans: list[int] = []
+    real = arrow._stream_places
+
+    def counting(source: pa.NativeFile) -> Any:
+        scans.append(1)
+        return real(source)
+
+    monkeypatch.setattr(arrow, "_stream_places", counting)
+    store = store_of(_source(url))
+    read = []
+    for _ in range(2):
+        reader = arrow.FORMAT.open(f"{url}/s.arrow", "text", store)
+        read.append([reader.read(g, "text").to_pylist() for g in (2, 0, 1)])
+        reader.close()
+    assert scans == [1]  # the first reader only
+    assert read[0] == read[1] == [texts[20:], texts[:10], texts[10:20]]
+
+
 @pytest.mark.parametrize("file_format", [True, False], ids=["ipc-file", "ipc-stream"])
 def test_arrow_globs_on_s3_read_as_they_do_locally(
     s3: S3Bucket, tmp_path: Path, file_format: bool, monkeypatch: pytest.MonkeyPatch

@@ -14,26 +14,33 @@ are slices of the map, so nothing is resident beyond the pages a loader touches.
 Files in an object store (``s3://``, `msd.sources.storage`) are read by range instead. The file
 format is random access: its footer, then each batch, is one ranged read. A stream has no
 footer: indexing reads it once, front to back, a batch at a time; a reader opening one reads it
-once too, keeping only where each record batch lies, then reads batch ``i`` by range
-(`_Batches`; a stream with dictionary batches is the exception, held in memory while open).
+once too, keeping only where each record batch lies (cached on the machine, so a reopened
+file is not read again), then reads batch ``i`` by range (`_Batches`; a stream with dictionary
+batches is the exception, held in memory while open).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import os
+import zipfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from msd.errors import SourceError
+from msd.jobdir import atomic_write
 from msd.recipe.schema import Source
 from msd.sources import storage
 from msd.sources.formats.base import (
     ColumnKind,
     FileIndex,
+    cache_dir,
     check_column,
     glob_files,
     listing,
@@ -160,7 +167,11 @@ class ArrowReader:
                 "removed after the source was indexed"
             ) from exc
         try:
-            self._batches = _Batches(self._map, self._remote)
+            cache = _places_cache(path, store, self._map) if self._remote else None
+            known = _load_places(cache) if cache is not None else None
+            self._batches = _Batches(self._map, self._remote, known)
+            if cache is not None and known is None and self._batches.places:
+                _save_places(cache, self._batches.schema, self._batches.places)
         except (pa.ArrowException, OSError) as exc:
             self._map.close()
             if self._remote and isinstance(exc, OSError):
@@ -213,7 +224,14 @@ class _Batches:
     open.
     """
 
-    def __init__(self, source: pa.NativeFile, remote: bool = False) -> None:
+    def __init__(
+        self,
+        source: pa.NativeFile,
+        remote: bool = False,
+        known: tuple[pa.Schema, list[tuple[int, int]]] | None = None,
+    ) -> None:
+        """``known``: a remote stream's schema and batch places, as an earlier open found them
+        (`_places_cache`)."""
         if remote:
             magic = source.read_at(len(FILE_MAGIC), 0)
         else:
@@ -228,7 +246,7 @@ class _Batches:
             self.schema: pa.Schema = self._file.schema
             self.count: int = self._file.num_record_batches
             return
-        placed = _stream_places(source) if remote else None
+        placed = known or (_stream_places(source) if remote else None)
         if placed is not None:
             self.schema, self._places = placed
             self.count = len(self._places)
@@ -237,6 +255,11 @@ class _Batches:
         self.schema = stream.schema
         self._kept = list(stream)
         self.count = len(self._kept)
+
+    @property
+    def places(self) -> list[tuple[int, int]]:
+        """A remote stream's batch places (offset, size); empty for any other file."""
+        return self._places
 
     def get(self, i: int) -> pa.RecordBatch:
         """Batch ``i`` (``0 <= i < count``)."""
@@ -278,6 +301,50 @@ def _stream_places(source: pa.NativeFile) -> tuple[pa.Schema, list[tuple[int, in
             return None
         if message.type == "record batch":
             places.append((offset, ahead.tell() - offset))
+
+
+def _places_cache(path: str, store: Store, opened: pa.NativeFile) -> Path | None:
+    """Where the batch places of the remote stream ``path`` are cached on this machine (keyed
+    by its URL, endpoint, size and modification time): a loader reopening the file reads only
+    the batches it wants, not the whole stream again."""
+    try:
+        found = storage.stat(path, store)
+    except OSError:
+        return None  # not cached: the stream is read to find them
+    if found.size != opened.size():
+        return None  # changed between the two requests
+    key = f"{path}\0{storage.endpoint_of(store)}\0{found.size}\0{found.mtime_ns}"
+    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+    return cache_dir("arrow") / f"{storage.cache_name(path)}.{digest}.npz"
+
+
+def _load_places(cache: Path) -> tuple[pa.Schema, list[tuple[int, int]]] | None:
+    try:
+        with np.load(cache, allow_pickle=False) as npz:
+            schema = pa.ipc.read_schema(pa.py_buffer(npz["schema"].tobytes()))
+            places = npz["places"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, pa.ArrowException):
+        log.info("reading again the damaged batch places '%s'", cache)
+        return None
+    if places.dtype != np.int64 or places.ndim != 2 or places.shape[1:] != (2,):
+        return None
+    return schema, [(int(o), int(n)) for o, n in places.tolist()]
+
+
+def _save_places(cache: Path, schema: pa.Schema, places: list[tuple[int, int]]) -> None:
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        schema=np.frombuffer(schema.serialize().to_pybytes(), dtype=np.uint8),
+        places=np.array(places, dtype=np.int64).reshape(-1, 2),
+    )
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(cache, buffer.getvalue())
+    except OSError as exc:
+        log.warning("cannot cache batch places in %s (%s)", cache.parent, exc)
 
 
 def _ahead(source: pa.NativeFile) -> pa.NativeFile:
