@@ -244,8 +244,10 @@ def test_a_store_that_stops_answering_for_5_s_costs_wait_not_data(
     (job,) = (root / "runs").iterdir()
     assert digests(job) == reference
     assert max_read_retries(job) > 0
-    stall_ms = max(r["wait_ms"] for records in read_rank_logs(job).values() for r in records)
-    assert stall_ms > 1000  # the trainers waited out the outage (and only that: same stream)
+    # The trainers waited out the outage (about 4.9 s of the 5 s: the rest was read ahead),
+    # and only that: the same stream.
+    stalls = [sum(r["wait_ms"] for r in records) for records in read_rank_logs(job).values()]
+    assert min(stalls) > 3000, stalls
 
 
 def test_a_store_down_past_the_retry_budget_stops_the_job_and_restore_continues_it(
