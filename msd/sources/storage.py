@@ -122,12 +122,7 @@ def filesystem(path: str, store: Store) -> tuple[pafs.FileSystem, str]:
 
 @functools.lru_cache(maxsize=16)
 def _s3(store: Store) -> pafs.S3FileSystem:
-    endpoint = (
-        store.endpoint_url
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or None
-    )
+    endpoint = _endpoint(store)
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     scheme = None
     if endpoint is not None:
@@ -146,12 +141,13 @@ def _s3(store: Store) -> pafs.S3FileSystem:
 
 def endpoint_of(store: Store) -> str:
     """The store's endpoint, in words, for messages."""
-    return (
-        store.endpoint_url
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or "AWS S3"
-    )
+    return _endpoint(store) or "AWS S3"
+
+
+def _endpoint(store: Store) -> str | None:
+    """The store's ``endpoint_url``, else the AWS environment's; None: AWS's own."""
+    env = os.environ
+    return store.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
 
 
 def open_input(path: str, store: Store = LOCAL) -> pa.NativeFile:

@@ -21,7 +21,6 @@ batches is the exception, held in memory while open).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -43,6 +42,7 @@ from msd.sources.formats.base import (
     cache_dir,
     check_column,
     glob_files,
+    listed_key,
     listing,
     reason,
     store_of,
@@ -313,8 +313,7 @@ def _places_cache(path: str, store: Store, opened: pa.NativeFile) -> Path | None
         return None  # not cached: the stream is read to find them
     if found.size != opened.size():
         return None  # changed between the two requests
-    key = f"{path}\0{storage.endpoint_of(store)}\0{found.size}\0{found.mtime_ns}"
-    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+    digest = listed_key(found, store)
     return cache_dir("arrow") / f"{storage.cache_name(path)}.{digest}.npz"
 
 

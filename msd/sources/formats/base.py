@@ -113,10 +113,18 @@ def cache_dir(kind: str) -> Path:
 
 
 def file_key(path: str, store: Store = storage.LOCAL) -> str:
-    """A name for a cached index of ``path`` that changes when the file does (its absolute
-    path or URL, size and modification time)."""
-    found = storage.stat(path, store)
-    where = path if storage.is_remote(path) else os.path.abspath(path)
+    """A name for a cached index of ``path`` that changes when the file does (`listed_key` of
+    it as it is now)."""
+    return listed_key(storage.stat(path, store), store)
+
+
+def listed_key(found: storage.Listed, store: Store = storage.LOCAL) -> str:
+    """A name for something cached of a file as ``found`` (its absolute path, or its URL and
+    store's endpoint: one key on two stores is two files; its size and modification time)."""
+    if storage.is_remote(found.path):
+        where = f"{found.path}\0{storage.endpoint_of(store)}"
+    else:
+        where = os.path.abspath(found.path)
     text = f"{where}\0{found.size}\0{found.mtime_ns}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 

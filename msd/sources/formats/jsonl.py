@@ -902,11 +902,9 @@ class _Header(msgspec.Struct, frozen=True):
 
 
 def _cache_path(path: str, column: str, kind: ColumnKind, store: Store = LOCAL) -> Path:
-    """Where the index of ``column`` in ``path`` as it is now is cached (a remote file's key
-    names its store too: one bucket and key may be two objects on two stores)."""
+    """Where the index of ``column`` in ``path`` as it is now is cached (`file_key`: a remote
+    file's names its store too)."""
     text = f"{file_key(path, store)}\0{column}\0{kind}"
-    if storage.is_remote(path):
-        text += f"\0{storage.endpoint_of(store)}"
     digest = hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
     return cache_dir("jsonl") / f"{storage.cache_name(path)}.{digest}.npz"
 

@@ -31,7 +31,6 @@ column is always the file itself: ``token_column`` is ignored and ``text_column`
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import struct
@@ -51,6 +50,7 @@ from msd.sources.formats.base import (
     ColumnKind,
     FileIndex,
     cache_dir,
+    listed_key,
     listing,
     reason,
     store_of,
@@ -421,8 +421,7 @@ def _cached_remote(
     """A remote ``.idx``, memory-mapped from a copy in ``cache_dir("megatron")`` made on its
     first read (keyed by its URL, endpoint, size and modification time): a loader reopening
     the dataset reads no index bytes from the store again."""
-    key = f"{found.path}\0{storage.endpoint_of(store)}\0{found.size}\0{found.mtime_ns}"
-    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+    digest = listed_key(found, store)
     cache = cache_dir("megatron") / f"{storage.cache_name(found.path)}.{digest}"
     try:
         if cache.stat().st_size == found.size:
