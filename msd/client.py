@@ -22,10 +22,11 @@ import numpy as np
 import torch
 import zmq
 
+from msd import device as devices
 from msd.errors import CheckpointError, LaunchError, ProtocolError
 from msd.jobdir import JobDir, Published, constructor_endpoint_name
 from msd.recipe.schema import stream_fingerprint
-from msd.wire import transport
+from msd.wire import compact, transport
 from msd.wire.protocol import Batch, Behind, Ended, Get, Refused, Rewind, Rewinding
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ def normalised(
 ) -> torch.Tensor:
     """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std per channel."""
     channels = pixels.reshape(pixels.shape[0], 3, pixels.shape[1] // 3).to(torch.float32) / 255.0
-    m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1)
-    s = torch.tensor(std, dtype=torch.float32).view(1, 3, 1)
+    m = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
+    s = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
     return channels.sub_(m).div_(s).reshape(pixels.shape)
 
 
@@ -70,13 +71,21 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         local_rank: int | None = None,
         timeout_s: float = 600.0,
         pixels: Literal["uint8", "float"] = "uint8",
+        pin_memory: bool = False,
+        device: str | torch.device | None = None,
     ) -> None:
         """``pixels="float"``: ``pixel_values`` come as float32, scaled to [0, 1] and normalised
         with the recipe's ``vision.mean``/``std`` (by default they stay uint8, 4× smaller, for
-        a GPU-side step to normalise)."""
+        a GPU-side step to normalise).
+
+        ``device="cuda"`` (or ``"cuda:N"``, a ``torch.device``): batches come on that GPU,
+        copied from pinned memory on a side stream while the trainer computes (``msd.device``).
+        ``pin_memory=True``: CPU batches come in pinned memory (nothing without CUDA).
+        """
         super().__init__()
         if pixels not in ("uint8", "float"):
             raise ValueError(f"pixels must be 'uint8' or 'float', got {pixels!r}")
+        self.placement = devices.placement(device, pin_memory)
         root = job if job is not None else os.environ.get("MSD_JOB")
         if root is None:
             raise LaunchError("no job given: pass msd.Client(job=...) or set MSD_JOB")
@@ -136,7 +145,8 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
         if isinstance(result, BaseException):
             self.close()
             raise result
-        step, tensors = result
+        step, pending = result
+        tensors = pending.ready()
         if step != self.step:
             self.close()
             raise ProtocolError(f"rank {self.rank} expected the batch of step {self.step}")
@@ -151,7 +161,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
 
     def _fetcher_for_this_process(self) -> _Fetcher:
         if self._fetcher is None or self._fetcher.pid != os.getpid():  # none yet, or forked
-            self._fetcher = _Fetcher(self.job, self.rank)
+            self._fetcher = _Fetcher(self.job, self.rank, self.placement)
         return self._fetcher
 
     @property
@@ -167,7 +177,7 @@ class Client(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             self._fetcher = None
 
 
-_Result = tuple[int, dict[str, torch.Tensor]] | Ended | BaseException
+_Result = tuple[int, devices.Pending] | Ended | BaseException
 
 
 class _Reconnect:
@@ -188,8 +198,9 @@ class _Fetcher:
     ENDPOINT_CHECK_S = 0.5  # how often a waiting thread checks for a restarted Constructor
     RESTART_TIMEOUT_S = 300.0  # how long it waits for a restarted data plane
 
-    def __init__(self, job: JobDir, rank: int) -> None:
+    def __init__(self, job: JobDir, rank: int, placement: devices.Placement | None) -> None:
         self.job, self.rank, self.pid = job, rank, os.getpid()
+        self.placement = placement
         self.keys = job.keys()  # the Constructor admits only holders of the job's key
         self.asked: int | None = None  # the step of the request in flight
         self.requests: queue.Queue[tuple[Get, bool, bool] | None] = queue.Queue()
@@ -279,13 +290,18 @@ class _Fetcher:
             return LaunchError(msg.reason)
         if not isinstance(msg, Batch):
             return ProtocolError(f"rank {self.rank} got a {type(msg).__name__}, not a batch")
-        tensors = {
-            spec.name: torch.from_numpy(
-                np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape).copy()
-            )
-            for spec, buf in zip(msg.tensors, buffers, strict=True)
+        frames = {
+            spec.name: np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape)
+            for spec, buf in zip(msg.frames, buffers, strict=True)
         }
-        return msg.step, tensors
+        shapes = {spec.name: (spec.shape, spec.dtype) for spec in msg.tensors}
+        try:
+            if self.placement is not None:
+                return msg.step, self.placement.place(frames, shapes)
+            arrays = compact.decode(frames, shapes)
+        except ProtocolError as exc:
+            return ProtocolError(f"rank {self.rank} got a batch it cannot read: {exc}")
+        return msg.step, devices.Pending({n: torch.from_numpy(a) for n, a in arrays.items()})
 
     def _rewind(self, step: int, endpoint: Published) -> _Result | _Reconnect:
         """Step ``step`` was consumed already (the trainer restored an earlier checkpoint): ask

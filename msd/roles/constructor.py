@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -28,7 +29,7 @@ from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usag
 from msd.roles.intake import Intake, Key, Sample
 from msd.sample import SampleImages
 from msd.shard import cp_slice
-from msd.wire import transport
+from msd.wire import compact, transport
 from msd.wire.protocol import (
     Batch,
     Behind,
@@ -57,6 +58,24 @@ PAYLOADS_PER_PEER = 64  # payloads queued from one loader before ZeroMQ reads it
 Arrays = dict[str, np.ndarray]
 
 
+@dataclass(frozen=True)
+class Ready:
+    """One built batch as it crosses the socket: what a trainer gets (``tensors``) and the
+    frames that carry it (``msd.wire.compact``)."""
+
+    tensors: dict[str, TensorSpec]
+    frames: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, arrays: Arrays) -> Ready:
+        specs = {n: TensorSpec(n, str(a.dtype), a.shape) for n, a in arrays.items()}
+        return cls(specs, compact.encode(arrays, arrays))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.frames.values())
+
+
 class Constructor:
     def __init__(self, job: JobDir, recipe: Recipe, node: str, ranks: tuple[int, ...]) -> None:
         self.recipe = recipe
@@ -81,7 +100,7 @@ class Constructor:
         self.rejects = Rejects(f"constructor {node}")
         self.plans: dict[int, Plan] = {}
         self.intake = Intake(self.rejects, early_cap_bytes(recipe, len(self.groups)))
-        self.ready: dict[tuple[int, int, int], Arrays] = {}
+        self.ready: dict[tuple[int, int, int], Ready] = {}
         self.parked: dict[tuple[int, int], bytes] = {}
         resumed = latest_state(job)
         start = resumed.step if resumed is not None else 0  # the step the stream goes on from
@@ -197,9 +216,9 @@ class Constructor:
         size = 0
         for dp, cp_rank in self.groups:
             packed = pack_rows(rows[dp], self.recipe.seq_len, self.image_token, self.patch_values)
-            arrays = cp_slice(packed, self.topology.cp, cp_rank)
-            self.ready[(dp, cp_rank, step)] = arrays
-            size += sum(a.nbytes for a in arrays.values())
+            ready = Ready.of(cp_slice(packed, self.topology.cp, cp_rank))
+            self.ready[(dp, cp_rank, step)] = ready
+            size += ready.nbytes
         self.step_bytes = max(self.step_bytes, size)
         self.built.add(step)
         logs.set_step(step)
@@ -308,21 +327,21 @@ class Constructor:
         for key in list(self.parked):
             rank, step = key
             c = self.coords[rank]
-            arrays = self.ready.get((c.dp, c.cp, step))
-            if arrays is not None:
-                self._send_batch(self.parked.pop(key), step, arrays, self.topology.tensors(c))
+            ready = self.ready.get((c.dp, c.cp, step))
+            if ready is not None:
+                self._send_batch(self.parked.pop(key), step, ready, self.topology.tensors(c))
             elif self.num_steps is not None and step >= self.num_steps:
                 transport.send(
                     self.clients, Ended(num_steps=self.num_steps), to=self.parked.pop(key)
                 )
 
-    def _send_batch(
-        self, identity: bytes, step: int, arrays: Arrays, names: tuple[str, ...]
-    ) -> None:
-        specs = tuple(TensorSpec(n, str(arrays[n].dtype), arrays[n].shape) for n in names)
-        transport.send(
-            self.clients, Batch(step=step, tensors=specs), [arrays[n] for n in names], to=identity
+    def _send_batch(self, identity: bytes, step: int, ready: Ready, names: tuple[str, ...]) -> None:
+        carried = compact.carried_by(names, ready.frames)
+        frames = tuple(
+            TensorSpec(f, str(ready.frames[f].dtype), ready.frames[f].shape) for f in carried
         )
+        batch = Batch(step=step, tensors=tuple(ready.tensors[n] for n in names), frames=frames)
+        transport.send(self.clients, batch, [ready.frames[f] for f in carried], to=identity)
 
     def _stats(self) -> Stats:
         cpu_s, pss = process_usage()
@@ -332,7 +351,7 @@ class Constructor:
             p50, p99 = np.percentile(ms, [50, 99])
             ahead = max(0, self.built_upto - self.consumed[rank])
             ranks.append(RankLoad(rank, self.consumed[rank], ahead, float(p50), float(p99)))
-        ready = sum(a.nbytes for arrays in self.ready.values() for a in arrays.values())
+        ready = sum(r.nbytes for r in self.ready.values())
         return Stats(
             "constructor",
             self.node,
@@ -361,7 +380,7 @@ class Constructor:
 
 def payload_samples(msg: Payload, buffers: list[memoryview]) -> list[Sample]:
     """Each sample of a payload: views on its frames (no copy), its images if it has any."""
-    tokens = np.frombuffer(buffers[0], dtype=np.int32)
+    tokens = np.frombuffer(buffers[0], dtype=msg.token_dtype)  # checked on decode
     bounds = np.cumsum((0, *msg.lengths)).tolist()
     images: list[SampleImages | None] = [None] * len(msg.gpos)
     if msg.images:

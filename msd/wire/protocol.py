@@ -18,7 +18,7 @@ import numpy as np
 from msd.control.views import StatusView
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 7  # 7: Meta, Payload and SourceLoad carry images
+PROTOCOL_VERSION = 8  # 8: compact tokens (Payload.token_dtype, Batch.frames); 7: images
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -131,7 +131,8 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     """Loader → Constructor: the token ids of some samples for one step; sample i is position
     ``gpos[i]`` of source ``source[i]``. One per loader process, step and constructor.
 
-    One int32 buffer follows: the samples' tokens back to back, ``lengths`` long each. With
+    One buffer of ``token_dtype`` follows (the smallest integer type that holds them: uint8,
+    uint16, uint32 or int32): the samples' tokens back to back, ``lengths`` long each. With
     images, a second, uint8 buffer: their patches back to back, image after image in sample
     order; sample i holds ``images[i]`` of them (all 0, or empty, for text), image k has grid
     ``grids[3k : 3k + 3]`` (frames, patch rows, patch columns), so ``rows × columns`` patches of
@@ -145,6 +146,10 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     images: tuple[int, ...] = ()
     grids: tuple[int, ...] = ()
     patch_values: int = 0
+    token_dtype: str = "int32"
+
+
+TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "int32"})
 
 
 class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
@@ -196,10 +201,13 @@ class TensorSpec(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Batch(_Msg, frozen=True, tag=int(Kind.BATCH)):
-    """Constructor → Client: one buffer per tensor follows, in order."""
+    """Constructor → Client: the ``tensors`` a trainer gets, carried by one buffer per entry of
+    ``frames``, in order (``msd.wire.compact``: token ids narrowed, labels and position ids
+    as the little that does not follow from the token ids)."""
 
     step: int
     tensors: tuple[TensorSpec, ...]
+    frames: tuple[TensorSpec, ...]
 
 
 class Ended(_Msg, frozen=True, tag=int(Kind.ENDED)):
@@ -527,18 +535,26 @@ def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
         expected = 2 if msg.images else 1
         _check_payload(msg, buffers)
     elif isinstance(msg, Batch):
-        expected = len(msg.tensors)
-        for spec, buf in zip(msg.tensors, buffers, strict=False):
-            if spec.dtype not in TENSOR_DTYPES or any(n < 0 for n in spec.shape):
-                raise ProtocolError(f"tensor {spec.name!r} has dtype {spec.dtype!r}, {spec.shape}")
+        expected = len(msg.frames)
+        for spec in msg.tensors:
+            _check_spec(spec, "tensor")
+        for spec, buf in zip(msg.frames, buffers, strict=False):
+            _check_spec(spec, "frame")
             size = int(np.prod(spec.shape, dtype=np.float64)) * np.dtype(spec.dtype).itemsize
             if buf.nbytes != size:
-                raise ProtocolError(f"tensor {spec.name!r} has {buf.nbytes} bytes, expected {size}")
+                raise ProtocolError(f"frame {spec.name!r} has {buf.nbytes} bytes, expected {size}")
+        if len({s.name for s in msg.frames}) < len(msg.frames):
+            raise ProtocolError("a batch carries two frames of one name")
     else:
         expected = 0
     if len(buffers) != expected:
         name = type(msg).__name__
         raise ProtocolError(f"{name} carries {len(buffers)} buffers, expected {expected}")
+
+
+def _check_spec(spec: TensorSpec, what: str) -> None:
+    if spec.dtype not in TENSOR_DTYPES or any(n < 0 for n in spec.shape):
+        raise ProtocolError(f"{what} {spec.name!r} has dtype {spec.dtype!r}, {spec.shape}")
 
 
 def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
@@ -549,7 +565,9 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
         )
     if msg.step < 0 or any(x < 0 for x in msg.lengths) or any(g < 0 for g in msg.gpos):
         raise ProtocolError("a payload has a negative step, position or length")
-    if buffers and buffers[0].nbytes != 4 * sum(msg.lengths):
+    if msg.token_dtype not in TOKEN_DTYPES:
+        raise ProtocolError(f"a payload has tokens of type {msg.token_dtype!r}")
+    if buffers and buffers[0].nbytes != np.dtype(msg.token_dtype).itemsize * sum(msg.lengths):
         raise ProtocolError(f"a payload of {n} samples does not match its buffer")
     if not msg.images:
         if msg.grids:

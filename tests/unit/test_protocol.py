@@ -48,12 +48,31 @@ def test_buffers_travel_as_separate_frames():
     )
 
 
+X = TensorSpec("x", "int64", (2,))
+
+
 def test_wrong_buffer_counts_and_sizes_are_refused():
     with pytest.raises(ProtocolError, match="expected 1"):
         decode(encode(Payload(step=3, source=(1,), gpos=(9,), lengths=(1,))))
-    batch = Batch(step=0, tensors=(TensorSpec("x", "int64", (2,)),))
+    batch = Batch(step=0, tensors=(X,), frames=(X,))
     with pytest.raises(ProtocolError, match="expected 16"):
         decode(encode(batch, [b"\x00" * 8]))
+    with pytest.raises(ProtocolError, match="expected 1"):
+        decode(encode(batch, [b"\x00" * 16, b"\x00"]))
+    two = Batch(step=0, tensors=(X,), frames=(X, X))
+    with pytest.raises(ProtocolError, match="two frames of one name"):
+        decode(encode(two, [b"\x00" * 16, b"\x00" * 16]))
+
+
+def test_payload_tokens_come_in_a_small_integer_type():
+    one = Payload(step=3, source=(1,), gpos=(9,), lengths=(4,), token_dtype="uint8")
+    assert bytes(decode(encode(one, [b"\x01" * 4]))[1][0]) == b"\x01" * 4
+    with pytest.raises(ProtocolError, match="does not match its buffer"):
+        decode(encode(one, [b"\x01" * 16]))
+    for dtype in ("int64", "float32", "object"):
+        bad = Payload(step=3, source=(1,), gpos=(9,), lengths=(1,), token_dtype=dtype)
+        with pytest.raises(ProtocolError, match="tokens of type"):
+            decode(encode(bad, [b"\x01" * 8]))
 
 
 def test_garbage_is_a_protocol_error_not_an_unpickle():
@@ -74,12 +93,13 @@ def test_impossible_payloads_and_tensors_are_refused():
     with pytest.raises(ProtocolError, match="negative"):
         decode(encode(Payload(step=-1, source=(1,), gpos=(9,), lengths=(0,)), [b""]))
     for dtype in ("object", "V8", "(2,)i4", "float64,int8"):
-        batch = Batch(step=0, tensors=(TensorSpec("x", dtype, (1,)),))
-        with pytest.raises(ProtocolError, match="dtype"):
-            decode(encode(batch, [b"\x00" * 8]))
-    huge = Batch(step=0, tensors=(TensorSpec("x", "int64", (1 << 40, 1 << 40)),))
+        spec = TensorSpec("x", dtype, (1,))
+        for batch in (Batch(0, (spec,), (X,)), Batch(0, (X,), (spec,))):
+            with pytest.raises(ProtocolError, match="dtype"):
+                decode(encode(batch, [b"\x00" * 16]))
+    huge = TensorSpec("x", "int64", (1 << 40, 1 << 40))
     with pytest.raises(ProtocolError):
-        decode(encode(huge, [b"\x00" * 8]))
+        decode(encode(Batch(step=0, tensors=(huge,), frames=(huge,)), [b"\x00" * 8]))
 
 
 def test_a_plan_travels_as_named_columns():
@@ -122,7 +142,7 @@ _VALID = [
     encode(Hello(role="loader", name="web/0", version=4, pid=5, sources=(0,))),
     encode(Get(rank=1, step=2, consumed=2)),
     encode(Payload(step=3, source=(1,), gpos=(9,), lengths=(2,)), [b"\x01" * 8]),
-    encode(Batch(step=0, tensors=(TensorSpec("x", "int32", (2,)),)), [b"\x00" * 8]),
+    encode(Batch(step=0, tensors=(X,), frames=(TensorSpec("x", "int32", (2,)),)), [b"\x00" * 8]),
     encode(a_plan()),
     encode(Route(step=1, source=(0, 1), gpos=(5, 6), constructor=(0, DISCARD))),
 ]

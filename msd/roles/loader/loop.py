@@ -27,7 +27,7 @@ from msd.roles.loader.outage import Outage
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader, Unavailable
-from msd.wire import transport
+from msd.wire import compact, transport
 from msd.wire.protocol import (
     DISCARD,
     Adopt,
@@ -211,13 +211,14 @@ class Loader:
     def _payload(self, step: int, keys: list[tuple[int, int]]) -> tuple[Payload, list[np.ndarray]]:
         """The tokens of these samples back to back, and their images' patches if any."""
         tokens = [self.shards[source].held[gpos] for source, gpos in keys]
-        buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
+        buffer = compact.narrowed(np.concatenate(tokens) if tokens else np.empty(0, np.int32))
         pixels = [self.shards[source].pixels.get(gpos) for source, gpos in keys]
         payload = Payload(
             step=step,
             source=tuple(source for source, _ in keys),
             gpos=tuple(gpos for _, gpos in keys),
             lengths=tuple(len(t) for t in tokens),
+            token_dtype=str(buffer.dtype),
         )
         held = [p for p in pixels if p is not None]
         if not held:
