@@ -21,6 +21,7 @@ every frame it reads, as it comes from a socket: a frame that does not fit raise
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -33,6 +34,8 @@ IGNORE_INDEX = -100  # msd.pack's; kept here so the wire does not depend on pack
 LABEL_PARTS = ("labels/ignored", "labels/at", "labels/values")
 POSITION_PARTS = ("position_ids/at", "position_ids/values")
 NARROW_TYPES = (np.uint8, np.uint16, np.uint32, np.int32)
+_RANGES = tuple((np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in NARROW_TYPES)
+SMALL = 64  # a tensor of fewer values travels as it is: narrowing it would save next to nothing
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -43,11 +46,9 @@ def narrowed(values: np.ndarray) -> np.ndarray:
     if values.dtype.kind not in "iu" or values.dtype.itemsize == 1 or values.size == 0:
         return values
     low, high = int(values.min()), int(values.max())
-    for kind in NARROW_TYPES:
-        info = np.iinfo(kind)
-        if info.min <= low and high <= info.max:
-            smaller = np.dtype(kind).itemsize < values.dtype.itemsize
-            return values.astype(kind) if smaller else values
+    for dtype, lowest, highest in _RANGES:
+        if lowest <= low and high <= highest:
+            return values.astype(dtype) if dtype.itemsize < values.dtype.itemsize else values
     return values
 
 
@@ -60,8 +61,9 @@ def encode(batch: Arrays, names: Iterable[str]) -> dict[str, np.ndarray]:
             frames.update(_labels(batch["labels"], batch["input_ids"]))
         elif name == "position_ids":
             frames.update(_positions(batch["position_ids"]))
-        else:
-            frames.setdefault(name, narrowed(batch[name]))
+        elif name not in frames:
+            tensor = batch[name]
+            frames[name] = narrowed(tensor) if tensor.size >= SMALL else tensor
     return frames
 
 
@@ -88,7 +90,7 @@ def _labels(labels: np.ndarray, input_ids: np.ndarray) -> dict[str, np.ndarray]:
     other = np.flatnonzero(~ignored & (flat != following))
     return {
         "labels/ignored": np.packbits(ignored),
-        "labels/at": narrowed(other.astype(np.int64)),
+        "labels/at": narrowed(other),
         "labels/values": narrowed(flat[other]),
     }
 
@@ -102,11 +104,10 @@ def _following(ids: np.ndarray) -> np.ndarray:
 
 def _positions(positions: np.ndarray) -> dict[str, np.ndarray]:
     """``position_ids`` as runs counting up by one: where each starts and its first value."""
-    flat = positions.reshape(-1).astype(np.int64, copy=False)
-    if flat.size == 0:
-        starts = np.zeros(0, dtype=np.int64)
-    else:
-        starts = np.flatnonzero(np.diff(flat, prepend=flat[0] - 2) != 1)
+    flat = positions.reshape(-1)
+    breaks = np.flatnonzero(flat[1:] - flat[:-1] != 1)
+    starts = np.zeros(len(breaks) + (flat.size > 0), dtype=np.int64)
+    starts[1:] = breaks + 1
     return {"position_ids/at": narrowed(starts), "position_ids/values": narrowed(flat[starts])}
 
 
@@ -124,7 +125,7 @@ def decode(frames: Arrays, shapes: Shapes) -> dict[str, np.ndarray]:
         elif name == "labels":
             tensor = _decode_labels(frames, dtype)
         else:
-            tensor = _decode_positions(frames, dtype, int(np.prod(shape, dtype=np.int64)))
+            tensor = _decode_positions(frames, dtype, math.prod(shape))
         out[name] = tensor.reshape(shape)
     return out
 
@@ -133,7 +134,7 @@ def check(frames: Arrays, shapes: Shapes) -> None:
     """Raise `ProtocolError` unless ``frames`` carry exactly what ``shapes`` names: every
     frame of the right type and size, every position inside the batch."""
     for name, (shape, dtype) in shapes.items():
-        size = int(np.prod(shape, dtype=np.float64))
+        size = math.prod(shape)  # shapes were checked not negative on decode
         if name in frames:
             _check_widening(frames[name], dtype, name, size)
         elif name == "labels":
@@ -195,13 +196,16 @@ def _decode_labels(frames: Arrays, dtype: str) -> np.ndarray:
     at, values = frames["labels/at"], frames["labels/values"]
     labels = _following(ids).astype(dtype, copy=False)
     labels[at] = values
-    labels[np.unpackbits(frames["labels/ignored"], count=ids.size).view(bool)] = IGNORE_INDEX
+    ignored = np.unpackbits(frames["labels/ignored"], count=ids.size).view(bool)
+    np.putmask(labels, ignored, IGNORE_INDEX)
     return labels
 
 
 def _decode_positions(frames: Arrays, dtype: str, n: int) -> np.ndarray:
     starts = frames["position_ids/at"].astype(np.int64)
     values = frames["position_ids/values"].astype(np.int64)
-    lengths = np.diff(starts, append=n)
+    lengths = np.empty_like(starts)
+    lengths[:-1] = starts[1:] - starts[:-1]
+    lengths[-1:] = n - starts[-1:]
     positions: np.ndarray = np.arange(n, dtype=np.int64) + np.repeat(values - starts, lengths)
     return positions.astype(dtype, copy=False)
