@@ -5,6 +5,8 @@ while the one before it still works, and an incompatible recipe is refused with 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,30 @@ def restore(tmp_path: Path, *args: str) -> Path:
     result = run_msd("restore", *args, "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     return Path(json.loads(result.stdout)["job"])
+
+
+def start_restore(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """``restore`` in the background: `finish_restore` waits for it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "msd.cli", "restore", *args, "--json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish_restore(proc: subprocess.Popen[str], timeout: float = 120) -> Path:
+    """The job folder of a ``start_restore`` once it has ended (killed if it has not by
+    ``timeout``)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    return Path(json.loads(out)["job"])
 
 
 def digests(job: Path) -> dict[tuple[int, int], str]:
@@ -183,9 +209,12 @@ def test_msd_checkpoint_snapshots_a_running_job(tmp_path: Path, small_data: Path
         assert result.returncode == 0, result.stderr
         taken = json.loads(result.stdout)
         assert taken["step"] >= 29 and Path(taken["path"]).is_file()
+        # The snapshot restores at once, while its run goes on: the restored job starts while
+        # the run takes its last steps; the two are compared once both have ended.
+        restoring = start_restore(tmp_path, taken["path"])
     finally:
         out, err = proc.communicate(timeout=120)
+    restored = finish_restore(restoring)
     assert proc.returncode == 0, out + err
-    restored = restore(tmp_path, taken["path"])
     first = taken["step"]
     assert digests(restored) == {k: d for k, d in digests(job).items() if k[1] >= first}

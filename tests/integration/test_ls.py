@@ -1,12 +1,15 @@
 """`msd ls` on real local jobs: a finished, a failed, a stopped (`msd stop`) and a lost job (its
-launcher killed with kill -9), each with its state and the last step every rank consumed."""
+launcher killed with kill -9), each with its state and the last step every rank consumed; and a
+running job, told from a lost one, then stopped with Ctrl-C.
+
+The jobs run at once, one loader per source: `msd ls` reads job folders and launchers, not
+loaders, and each loader fewer is a process fewer to start per job."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +38,15 @@ def write(cwd: Path, name: str, doc: dict[str, Any]) -> str:
     return f"{name}.yaml"
 
 
+def recipe(data: Path, **overrides: Any) -> dict[str, Any]:
+    doc = base_recipe(data, **overrides)
+    for s in doc["sources"]:
+        s["loaders"] = 1
+    return doc
+
+
 def long_recipe(data: Path) -> dict[str, Any]:
-    doc = base_recipe(data, steps=100_000, checkpoint={"every_steps": 10})
+    doc = recipe(data, steps=100_000, checkpoint={"every_steps": 10})
     for s in doc["sources"]:
         s["repeat"] = True
     doc["trainer"]["demo"]["step_ms"] = 20
@@ -59,33 +69,63 @@ def wait_until_gone(launcher_pid: int, timeout_s: float = 10.0) -> None:
 def test_ls_shows_each_jobs_honest_state_and_last_consumed_step(
     small_data: Path, tmp_path: Path
 ) -> None:
-    finished = base_recipe(small_data, steps=37, checkpoint={"every_steps": 10})
+    finished = recipe(small_data, steps=37, checkpoint={"every_steps": 10})
     for source in finished["sources"]:
         source["repeat"] = True  # the run ends at its steps, not when the data does
-    proc = start_launch(tmp_path, write(tmp_path, "finished", finished))
-    out, err = proc.communicate(timeout=180)
-    assert_launch_ok(proc, out, err)
-
-    failing = base_recipe(small_data, steps=20)
+    failing = recipe(small_data, steps=20)
     failing["trainer"] = {"command": "python -c 'import sys; sys.exit(3)'"}
-    proc = start_launch(tmp_path, write(tmp_path, "failing", failing))
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 1, err
+    # The five jobs start at once (each its own name, so its own folder).
+    launched = {
+        name: start_launch(tmp_path, write(tmp_path, name, doc))
+        for name, doc in (
+            ("finished", finished),
+            ("failing", failing),
+            ("stopped", long_recipe(small_data)),
+            ("killed", long_recipe(small_data)),
+            ("live", long_recipe(small_data)),
+        )
+    }
+    try:
+        for name in ("stopped", "killed", "live"):
+            wait_for_file(tmp_path, f"runs/{name}-*/trainer/rank-0.jsonl", launched[name], lines=5)
+        running = listed(tmp_path)  # running, not lost: their launchers live
+        assert {name: running[name]["state"] for name in ("stopped", "killed", "live")} == {
+            "stopped": "running",
+            "killed": "running",
+            "live": "running",
+        }
+        proc = launched["live"]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.communicate(timeout=30)
 
-    proc = start_launch(tmp_path, write(tmp_path, "stopped", long_recipe(small_data)))
-    wait_for_file(tmp_path, "runs/stopped-*/trainer/rank-0.jsonl", proc, lines=15)
-    (job,) = tmp_path.glob("runs/stopped-*")
-    stopped = run_msd("stop", str(job), cwd=tmp_path)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    proc.communicate(timeout=60)
-    stopped_at = logged_steps(tmp_path, "stopped")
+        proc = launched["stopped"]
+        wait_for_file(tmp_path, "runs/stopped-*/trainer/rank-0.jsonl", proc, lines=15)
+        (job,) = tmp_path.glob("runs/stopped-*")
+        stopped = run_msd("stop", str(job), cwd=tmp_path)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        proc.communicate(timeout=60)
+        stopped_at = logged_steps(tmp_path, "stopped")
 
-    proc = start_launch(tmp_path, write(tmp_path, "killed", long_recipe(small_data)))
-    wait_for_file(tmp_path, "runs/killed-*/trainer/rank-0.jsonl", proc, lines=15)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
-    wait_until_gone(proc.pid)  # every child dies with its launcher
-    killed_at = logged_steps(tmp_path, "killed")
+        proc = launched["finished"]
+        out, err = proc.communicate(timeout=180)
+        assert_launch_ok(proc, out, err)
+
+        proc = launched["failing"]
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 1, err
+
+        # the last, so that nothing else is starting or stopping while its processes die
+        proc = launched["killed"]
+        wait_for_file(tmp_path, "runs/killed-*/trainer/rank-0.jsonl", proc, lines=15)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        wait_until_gone(proc.pid)  # every child dies with its launcher
+        killed_at = logged_steps(tmp_path, "killed")
+    finally:  # a failed step leaves none running (their children die with them)
+        for proc in launched.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
     jobs = listed(tmp_path)
     assert {name: r["state"] for name, r in jobs.items()} == {
@@ -93,6 +133,7 @@ def test_ls_shows_each_jobs_honest_state_and_last_consumed_step(
         "failing": "failed",
         "stopped": "stopped",
         "killed": "lost",
+        "live": "stopped",
     }
     assert jobs["finished"]["step"] == 37  # every step, not the last metrics line's
     assert jobs["failing"]["step"] in (None, 0)
@@ -100,17 +141,3 @@ def test_ls_shows_each_jobs_honest_state_and_last_consumed_step(
     # so apart, and each logs a step once it received it).
     for name, at in (("stopped", stopped_at), ("killed", killed_at)):
         assert at - 3 <= jobs[name]["step"] <= at, (name, jobs[name], at)
-
-
-def test_ls_tells_a_running_job_from_a_lost_one(small_data: Path, tmp_path: Path) -> None:
-    proc = start_launch(tmp_path, write(tmp_path, "live", long_recipe(small_data)))
-    try:
-        wait_for_file(tmp_path, "runs/live-*/trainer/rank-0.jsonl", proc, lines=5)
-        assert listed(tmp_path)["live"]["state"] == "running"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    assert listed(tmp_path)["live"]["state"] == "stopped"
