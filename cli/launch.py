@@ -153,7 +153,8 @@ def run_job(job: Job, parsed: Recipe, chosen: str, json_out: bool) -> None:
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
     _write_loaders(job.job.root / "loaders.txt", parsed)
     if not json_out:
-        console.print(f"job folder: {job.job.root}")
+        # one line whatever the width: scripts read the folder from it
+        console.print(f"job folder: {job.job.root}", highlight=False, soft_wrap=True, markup=False)
     live = (
         Live(console=console, transient=False, auto_refresh=False) if console.is_terminal else None
     )

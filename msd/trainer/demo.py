@@ -35,7 +35,7 @@ def batch_digest(batch: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(batch):
         h.update(name.encode())
-        h.update(batch[name].numpy().tobytes())
+        h.update(batch[name].cpu().numpy().tobytes())
     return h.hexdigest()
 
 
