@@ -11,6 +11,7 @@ turns it into tensors while the trainer computes. It is also a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
@@ -27,7 +28,16 @@ from msd.errors import CheckpointError, LaunchError, ProtocolError
 from msd.jobdir import JobDir, Published, constructor_endpoint_name
 from msd.recipe.schema import stream_fingerprint
 from msd.wire import compact, transport
-from msd.wire.protocol import Batch, Behind, Ended, Get, Refused, Rewind, Rewinding
+from msd.wire.protocol import (
+    Batch,
+    Behind,
+    Ended,
+    Get,
+    Refused,
+    Rewind,
+    Rewinding,
+    frame_offsets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +300,12 @@ class _Fetcher:
             return LaunchError(msg.reason)
         if not isinstance(msg, Batch):
             return ProtocolError(f"rank {self.rank} got a {type(msg).__name__}, not a batch")
+        offsets = frame_offsets(msg.frames)  # the buffer's size was checked on decode
         frames = {
-            spec.name: np.frombuffer(buf, dtype=spec.dtype).reshape(spec.shape)
-            for spec, buf in zip(msg.frames, buffers, strict=True)
+            spec.name: np.frombuffer(
+                buffers[0], dtype=spec.dtype, count=math.prod(spec.shape), offset=at
+            ).reshape(spec.shape)
+            for spec, at in zip(msg.frames, offsets, strict=False)
         }
         shapes = {spec.name: (spec.shape, spec.dtype) for spec in msg.tensors}
         try:

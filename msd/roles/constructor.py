@@ -44,6 +44,7 @@ from msd.wire.protocol import (
     Stats,
     Stop,
     TensorSpec,
+    frame_offsets,
 )
 from msd.wire.rejects import Rejects
 
@@ -65,15 +66,31 @@ class Ready:
 
     tensors: dict[str, TensorSpec]
     frames: dict[str, np.ndarray]
+    sent: dict[tuple[str, ...], tuple[tuple[TensorSpec, ...], np.ndarray]]  # by tensor names
 
     @classmethod
     def of(cls, arrays: Arrays) -> Ready:
         specs = {n: TensorSpec(n, str(a.dtype), a.shape) for n, a in arrays.items()}
-        return cls(specs, compact.encode(arrays, arrays))
+        return cls(specs, compact.encode(arrays, arrays), {})
+
+    def joined(self, names: tuple[str, ...]) -> tuple[tuple[TensorSpec, ...], np.ndarray]:
+        """The specs of the frames that carry ``names``, and the one buffer that holds them
+        (made once for each set of names: the TP peers of a rank share it)."""
+        if names not in self.sent:
+            carried = {f: self.frames[f] for f in compact.carried_by(names, self.frames)}
+            specs = tuple(TensorSpec(f, str(a.dtype), a.shape) for f, a in carried.items())
+            offsets = frame_offsets(specs)
+            buffer = np.zeros(offsets[-1], dtype=np.uint8)
+            for at, frame in zip(offsets, carried.values(), strict=False):
+                buffer[at : at + frame.nbytes] = frame.reshape(-1).view(np.uint8)
+            self.sent[names] = (specs, buffer)
+        return self.sent[names]
 
     @property
     def nbytes(self) -> int:
-        return sum(f.nbytes for f in self.frames.values())
+        return sum(f.nbytes for f in self.frames.values()) + sum(
+            b.nbytes for _, b in self.sent.values()
+        )
 
 
 class Constructor:
@@ -336,12 +353,9 @@ class Constructor:
                 )
 
     def _send_batch(self, identity: bytes, step: int, ready: Ready, names: tuple[str, ...]) -> None:
-        carried = compact.carried_by(names, ready.frames)
-        frames = tuple(
-            TensorSpec(f, str(ready.frames[f].dtype), ready.frames[f].shape) for f in carried
-        )
+        frames, buffer = ready.joined(names)
         batch = Batch(step=step, tensors=tuple(ready.tensors[n] for n in names), frames=frames)
-        transport.send(self.clients, batch, [ready.frames[f] for f in carried], to=identity)
+        transport.send(self.clients, batch, [buffer], to=identity)
 
     def _stats(self) -> Stats:
         cpu_s, pss = process_usage()

@@ -201,13 +201,28 @@ class TensorSpec(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Batch(_Msg, frozen=True, tag=int(Kind.BATCH)):
-    """Constructor → Client: the ``tensors`` a trainer gets, carried by one buffer per entry of
-    ``frames``, in order (``msd.wire.compact``: token ids narrowed, labels and position ids
-    as the little that does not follow from the token ids)."""
+    """Constructor → Client: the ``tensors`` a trainer gets, carried by ``frames``
+    (``msd.wire.compact``: token ids narrowed, labels and position ids as the little that does
+    not follow from the token ids). One buffer follows: the frames back to back, in order, each
+    starting at a multiple of `FRAME_ALIGN` bytes (`frame_offsets`); one buffer, not one per
+    frame, as each ZeroMQ frame costs more to send than a few kilobytes do."""
 
     step: int
     tensors: tuple[TensorSpec, ...]
     frames: tuple[TensorSpec, ...]
+
+
+FRAME_ALIGN = 8  # a frame of a Batch's buffer starts at a multiple of this (aligned arrays)
+
+
+def frame_offsets(frames: Sequence[TensorSpec]) -> list[int]:
+    """Where each of ``frames`` starts in a Batch's buffer, then the buffer's length."""
+    offsets, at = [], 0
+    for spec in frames:
+        offsets.append(at)
+        size = int(np.prod(spec.shape, dtype=np.float64)) * np.dtype(spec.dtype).itemsize
+        at += -(-size // FRAME_ALIGN) * FRAME_ALIGN
+    return [*offsets, at]
 
 
 class Ended(_Msg, frozen=True, tag=int(Kind.ENDED)):
@@ -535,14 +550,12 @@ def _check_buffers(msg: Message, buffers: list[memoryview]) -> None:
         expected = 2 if msg.images else 1
         _check_payload(msg, buffers)
     elif isinstance(msg, Batch):
-        expected = len(msg.frames)
-        for spec in msg.tensors:
-            _check_spec(spec, "tensor")
-        for spec, buf in zip(msg.frames, buffers, strict=False):
-            _check_spec(spec, "frame")
-            size = int(np.prod(spec.shape, dtype=np.float64)) * np.dtype(spec.dtype).itemsize
-            if buf.nbytes != size:
-                raise ProtocolError(f"frame {spec.name!r} has {buf.nbytes} bytes, expected {size}")
+        expected = 1
+        for spec in (*msg.tensors, *msg.frames):
+            _check_spec(spec, "tensor" if spec in msg.tensors else "frame")
+        size = frame_offsets(msg.frames)[-1]
+        if buffers and buffers[0].nbytes != size:
+            raise ProtocolError(f"a batch's frames take {buffers[0].nbytes} bytes, expected {size}")
         if len({s.name for s in msg.frames}) < len(msg.frames):
             raise ProtocolError("a batch carries two frames of one name")
     else:

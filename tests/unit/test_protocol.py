@@ -16,6 +16,7 @@ from msd.wire.protocol import (
     TensorSpec,
     decode,
     encode,
+    frame_offsets,
 )
 
 
@@ -61,7 +62,17 @@ def test_wrong_buffer_counts_and_sizes_are_refused():
         decode(encode(batch, [b"\x00" * 16, b"\x00"]))
     two = Batch(step=0, tensors=(X,), frames=(X, X))
     with pytest.raises(ProtocolError, match="two frames of one name"):
-        decode(encode(two, [b"\x00" * 16, b"\x00" * 16]))
+        decode(encode(two, [b"\x00" * 32]))
+
+
+def test_a_batch_carries_its_frames_in_one_aligned_buffer():
+    odd = TensorSpec("a", "uint8", (3,))
+    frames = (odd, TensorSpec("b", "int64", (2,)), TensorSpec("c", "uint16", (0,)))
+    assert frame_offsets(frames) == [0, 8, 24, 24]
+    msg, buffers = decode(encode(Batch(0, (X,), frames), [b"\x01" * 24]))
+    assert msg.frames == frames and buffers[0].nbytes == 24
+    with pytest.raises(ProtocolError, match="take 19 bytes, expected 24"):
+        decode(encode(Batch(0, (X,), frames), [b"\x01" * 19]))
 
 
 def test_payload_tokens_come_in_a_small_integer_type():
@@ -100,6 +111,7 @@ def test_impossible_payloads_and_tensors_are_refused():
     huge = TensorSpec("x", "int64", (1 << 40, 1 << 40))
     with pytest.raises(ProtocolError):
         decode(encode(Batch(step=0, tensors=(huge,), frames=(huge,)), [b"\x00" * 8]))
+    assert frame_offsets((huge,))[-1] > 1 << 80  # counted in floats: no overflow to a small size
 
 
 def test_a_plan_travels_as_named_columns():
