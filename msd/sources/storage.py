@@ -78,11 +78,13 @@ class StoreError(OSError):
         self.transient = transient
 
 
-def retrying(fn: Callable[[], T], path: str, store: Store, budget_s: float = OPEN_RETRY_S) -> T:
+def retrying(fn: Callable[[], T], path: str, store: Store, budget_s: float | None = None) -> T:
     """``fn()``, tried again while it fails with a store's transient failure (anywhere in its
-    exception's chain), backing off, for up to ``budget_s``; local paths are not retried."""
+    exception's chain), backing off, for up to ``budget_s`` (`OPEN_RETRY_S` as it is when
+    called); local paths are not retried."""
     if not is_remote(path):
         return fn()
+    budget_s = OPEN_RETRY_S if budget_s is None else budget_s
     started, delay = time.monotonic(), 0.2
     while True:
         try:
@@ -369,11 +371,13 @@ def store_error(exc: BaseException, path: str, store: Store) -> StoreError:
         )
     transient = any(t in text for t in _TRANSIENT)
     if transient and not store.anonymous and not credentials_found():
+        # An unsigned request failed: the missing credentials are the likely cause, and
+        # trying again would only delay saying so.
         return StoreError(
             f"{where} did not serve '{path}' ({detail}) and no AWS credentials were found; set "
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or `anonymous: "
             "true` on the source for a public bucket",
-            transient=True,
+            transient=False,
         )
     return StoreError(f"{where} did not serve '{path}' ({detail})", transient=transient)
 

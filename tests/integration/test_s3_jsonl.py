@@ -271,9 +271,11 @@ def test_a_missing_key_or_prefix_names_the_source(s3: S3Bucket, tmp_path: Path) 
 def test_a_store_failure_while_indexing_is_one_sentence(
     s3: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each failure below is the same on every try: a short retry budget gives the same message.
+    monkeypatch.setattr(storage, "OPEN_RETRY_S", 3.0)
     _upload(s3, _dataset(tmp_path, "gzip", files=1), "x")
     url = s3.url("x/part-0.jsonl.gz")
-    # An unsigned request: the server refuses it.
+    # An unsigned request: the server refuses it (moto answers 500, which is retried).
     found = storage.stat(url)
     pinned = PinnedFile(url, found.size, found.mtime_ns)
     refused = _src(s3.url("x/*.jsonl.gz"), anonymous=True, files=(pinned,))

@@ -92,6 +92,7 @@ def test_without_credentials_a_refusal_says_where_credentials_come_from(
         Store(),
     )
     assert "no AWS credentials were found" in str(error) and "anonymous" in str(error)
+    assert not error.transient  # said at once, not after the retry budget
     monkeypatch.setenv("AWS_PROFILE", "team")
     assert storage.credentials_found()
 
