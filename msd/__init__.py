@@ -1,7 +1,7 @@
 """msd: a multi-source data plane for large-model training.
 
-``msd.Client`` is imported lazily: the Planner and Source Loaders import ``msd`` too and must not
-pay for torch.
+``msd.Client`` (torch tensors) and ``msd.NumpyClient`` (numpy arrays, no torch) are imported
+lazily: the Planner and Source Loaders import ``msd`` too and must not pay for them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ __version__ = "0.1.0"  # the one place it is written: the build reads it from he
 
 if TYPE_CHECKING:
     from msd.client import Client
+    from msd.reader import NumpyClient
 
-__all__ = ["Client", "__version__"]
+__all__ = ["Client", "NumpyClient", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from msd.client import Client
 
         return Client
+    if name == "NumpyClient":
+        from msd.reader import NumpyClient
+
+        return NumpyClient
     raise AttributeError(f"module 'msd' has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """The built-in demo trainer: reads batches with ``msd.Client`` and "computes" for a time
 proportional to its batch's attention cost (and its vision encoder's), then waits for every
-other rank (a gloo barrier, as a data-parallel gradient all-reduce does), so a slow rank slows
-every rank.
+other rank (``msd.trainer.barrier``, as a data-parallel gradient all-reduce does), so a slow rank
+slows every rank. It reads numpy arrays (``msd.NumpyClient``: the bytes ``msd.Client`` hands out
+as tensors) and never imports torch, so its ranks start in a fraction of a second.
 
 Each step it appends one JSON line to ``JOB/trainer/rank-R.jsonl``: a digest of the batch's
 tensors, the sample and source ids it got, its token count and how long it waited for data;
@@ -22,30 +23,40 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
-from msd.client import Client, node_name
 from msd.jobdir import atomic_write
+from msd.reader import NumpyClient, Reader, node_name
 from msd.recipe.schema import Trainer
+from msd.trainer.barrier import Barrier
+
+# A batch as numpy arrays, or as CPU torch tensors (this module's helpers read both: a torch
+# trainer's digests equal the demo trainer's).
+Batch = dict[str, Any]
 
 
-def batch_digest(batch: dict[str, torch.Tensor]) -> str:
+def host_array(tensor: Any) -> np.ndarray:
+    """``tensor`` (a numpy array, or a torch tensor on any device) as a numpy array."""
+    if hasattr(tensor, "cpu"):
+        tensor = tensor.cpu().numpy()
+    return np.asarray(tensor)
+
+
+def batch_digest(batch: Batch) -> str:
     """One hash over every tensor the rank received (names included)."""
     h = hashlib.sha256()
     for name in sorted(batch):
         h.update(name.encode())
-        h.update(batch[name].cpu().numpy().tobytes())
+        h.update(host_array(batch[name]).tobytes())
     return h.hexdigest()
 
 
-def attention_cost(cu_seqlens: torch.Tensor) -> float:
+def attention_cost(cu_seqlens: Any) -> float:
     """Σ len² over the batch's sequences (what varlen attention computes)."""
-    lens = np.diff(cu_seqlens.numpy().astype(np.float64))
+    lens = np.diff(host_array(cu_seqlens).astype(np.float64))
     return float(np.square(lens).sum())
 
 
-def encoder_cost(batch: dict[str, torch.Tensor]) -> float:
+def encoder_cost(batch: Batch) -> float:
     """Σ patches² over the batch's images (the vision encoder's attention, per image); 0 for
     a rank that gets no images."""
     if "vision_cu_seqlens" not in batch:
@@ -53,7 +64,7 @@ def encoder_cost(batch: dict[str, torch.Tensor]) -> float:
     return attention_cost(batch["vision_cu_seqlens"])
 
 
-def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+def real_tokens(batch: Batch) -> int:
     """Sample tokens in the batch (padding excluded when the rank has the labels to tell)."""
     if "labels" in batch:
         return int((batch["labels"] != -100).sum()) + len(batch["sample_ids"])
@@ -67,7 +78,7 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def resume(client: Client) -> None:
+def resume(client: Reader[Any]) -> None:
     """Continue from the last step every rank checkpointed (as a trainer restores one global
     checkpoint: ranks killed between the barrier and their save are one step apart); keep
     this rank's log up to it."""
@@ -87,7 +98,14 @@ def resume(client: Client) -> None:
     atomic_write(log, "".join(line + "\n" for line in kept).encode())
 
 
-def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> None:
+def run(
+    client: NumpyClient,
+    barrier: Barrier,
+    step_ms: float,
+    rows: int,
+    seq_len: int,
+    save: bool,
+) -> None:
     full_cost = rows * float(seq_len) ** 2
     saved = client.job.trainer / f"rank-{client.rank}"
     state_file = client.job.trainer / f"rank-{client.rank}.state.json"
@@ -102,43 +120,43 @@ def run(client: Client, step_ms: float, rows: int, seq_len: int, save: bool) -> 
                 "node": node_name(),
                 "digest": batch_digest(batch),
                 "tensors": sorted(batch),
-                "sample_ids": batch["sample_ids"].tolist(),
-                "source_ids": batch["source_ids"].tolist(),
-                "sample_offsets": batch["sample_offsets"].tolist(),
+                "sample_ids": host_array(batch["sample_ids"]).tolist(),
+                "source_ids": host_array(batch["source_ids"]).tolist(),
+                "sample_offsets": host_array(batch["sample_offsets"]).tolist(),
                 "tokens": real_tokens(batch),
                 "wait_ms": round(wait_ms, 3),
                 "time": round(time.time(), 6),
                 "cost": cost,
             }
             if "image_sample_ids" in batch:
-                record["image_sample_ids"] = batch["image_sample_ids"].tolist()
-                record["image_source_ids"] = batch["image_source_ids"].tolist()
+                record["image_sample_ids"] = host_array(batch["image_sample_ids"]).tolist()
+                record["image_source_ids"] = host_array(batch["image_source_ids"]).tolist()
                 record["patches"] = int(batch["pixel_values"].shape[0])
             log.write(json.dumps(record) + "\n")
             log.flush()  # a line per step, as it happens: `tail -f` and tests read it live
             if save:
                 saved.mkdir(exist_ok=True)
-                arrays: dict[str, Any] = {k: v.numpy() for k, v in batch.items()}
+                arrays: dict[str, Any] = dict(batch)
                 np.savez(saved / f"step-{client.step - 1}.npz", **arrays)
             remaining = step_ms / 1000 * cost / full_cost - (time.perf_counter() - started)
             if remaining > 0:
                 time.sleep(remaining)
-            if dist.is_initialized():
-                dist.barrier()
+            barrier.wait(client.step - 1)
             save_state(state_file, client.state_dict())
 
 
 def main() -> None:
-    client = Client()
+    client = NumpyClient()
     recipe = client.job.recipe()
-    if client.world_size > 1:  # MASTER_ADDR / MASTER_PORT come from the launcher
-        dist.init_process_group("gloo", rank=client.rank, world_size=client.world_size)
+    # MASTER_ADDR / MASTER_PORT come from the launcher; every rank starts together, as at a
+    # process group's rendezvous
+    barrier = Barrier.from_env(client.job, client.rank, client.world_size)
     try:
+        barrier.wait(-1)
         demo = (recipe.trainer or Trainer()).demo
-        run(client, demo.step_ms, recipe.rows_per_rank, recipe.seq_len, demo.save_batches)
+        run(client, barrier, demo.step_ms, recipe.rows_per_rank, recipe.seq_len, demo.save_batches)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        barrier.close()
 
 
 if __name__ == "__main__":

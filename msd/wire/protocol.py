@@ -56,6 +56,8 @@ class Kind(enum.IntEnum):
     REWINDING = 31
     ADOPT = 32
     LOADER_LOST = 33
+    ARRIVE = 34
+    RELEASE = 35
 
 
 class _Msg(msgspec.Struct, frozen=True, array_like=True, tag_field="kind"):
@@ -450,6 +452,20 @@ class Failure(_Msg, frozen=True, tag=int(Kind.FAILURE)):
     traceback: str = ""
 
 
+class Arrive(_Msg, frozen=True, tag=int(Kind.ARRIVE)):
+    """Demo trainer rank → rank 0: it finished ``step`` (-1: it started) and waits for the
+    others, as a data-parallel gradient all-reduce waits (``msd.trainer.barrier``)."""
+
+    rank: int
+    step: int
+
+
+class Release(_Msg, frozen=True, tag=int(Kind.RELEASE)):
+    """Rank 0 → every demo trainer rank: all ranks arrived at ``step``; go on."""
+
+    step: int
+
+
 Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged structs
     Hello,
     Welcome,
@@ -484,6 +500,8 @@ Message = Union[  # noqa: UP007 - msgspec needs a runtime Union of the tagged st
     Rewinding,
     Adopt,
     LoaderLost,
+    Arrive,
+    Release,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -57,16 +57,33 @@ def bind(
     messages queued from each peer (ZeroMQ reads no more from a peer whose queue is full, so
     one peer's flood waits in its own process and the others are still read in turn).
     """
-    admit_only(ctx, keys)
     host, advertised = bind_host()
+    sock = _server(ctx, kind, keys, max_message_bytes, queue_per_peer)
+    port = sock.bind_to_random_port(f"tcp://{host}")
+    return sock, f"tcp://{advertised}:{port}"
+
+
+def bind_at(
+    ctx: zmq.Context[Any], kind: int, keys: JobKeys, host: str, port: int, max_message_bytes: int
+) -> zmq.Socket[Any]:
+    """A socket bound to ``host:port`` (a port agreed on beforehand, e.g. ``MASTER_PORT``),
+    admitting the job's peers only, like ``bind``."""
+    sock = _server(ctx, kind, keys, max_message_bytes, queue_per_peer=1000)
+    sock.bind(f"tcp://{host}:{port}")
+    return sock
+
+
+def _server(
+    ctx: zmq.Context[Any], kind: int, keys: JobKeys, max_message_bytes: int, queue_per_peer: int
+) -> zmq.Socket[Any]:
+    admit_only(ctx, keys)
     sock = _socket(ctx, kind, None)
     sock.curve_secretkey = keys.server_secret
     sock.curve_publickey = keys.server_public
     sock.curve_server = True
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.RCVHWM, queue_per_peer)
-    port = sock.bind_to_random_port(f"tcp://{host}")
-    return sock, f"tcp://{advertised}:{port}"
+    return sock
 
 
 _AUTHENTICATORS: dict[int, zmq.auth.thread.ThreadAuthenticator] = {}

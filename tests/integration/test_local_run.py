@@ -56,6 +56,7 @@ def test_one_epoch_delivers_every_sample_exactly_once(small_data, write_recipe, 
 
 def test_packed_rows_never_mix_two_samples(small_data, write_recipe, tmp_path):
     from msd.client import Client
+    from msd.reader import NumpyClient
 
     recipe = base_recipe(small_data, steps=6, constructor={"prefetch_steps": 8})
     recipe_path = write_recipe(recipe)
@@ -71,7 +72,15 @@ def test_packed_rows_never_mix_two_samples(small_data, write_recipe, tmp_path):
     }
     try:
         client = Client(job=job.job.root, rank=2, world_size=4, local_rank=2)
+        # rank 3 read as numpy arrays (what the demo trainer reads): the same tensors, as numpy
+        arrays = NumpyClient(job=job.job.root, rank=3, world_size=4, local_rank=3)
         for batch in client:
+            other = arrays.next_batch()
+            assert other is not None and sorted(other) == sorted(batch)
+            for name, array in other.items():
+                assert isinstance(array, np.ndarray)
+                assert array.dtype == batch[name].numpy().dtype, name
+            assert other["input_ids"].shape == batch["input_ids"].shape
             ids = batch["input_ids"].numpy().reshape(-1)
             pos = batch["position_ids"].numpy().reshape(-1)
             labels = batch["labels"].numpy().reshape(-1)
@@ -92,7 +101,7 @@ def test_packed_rows_never_mix_two_samples(small_data, write_recipe, tmp_path):
                 assert pos[a:b].tolist() == list(range(b - a))
                 assert labels[a : b - 1].tolist() == want[1:].tolist() and labels[b - 1] == -100
                 assert a // 512 == (b - 1) // 512, "a sample never crosses a row"
-        assert client.step == 6
+        assert client.step == 6 and arrays.next_batch() is None
         client.close()
     finally:
         procs.stop_all(job.children)

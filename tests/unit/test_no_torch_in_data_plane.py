@@ -1,6 +1,6 @@
 """The Planner, the loaders, the Constructor and the launcher must not import torch.
 
-Only the trainer side (`msd.Client`) needs it; every data-plane process would otherwise pay
+Only `msd.Client` needs it (the demo trainer reads with `msd.NumpyClient`); every data-plane process would otherwise pay
 seconds of start-up and hundreds of MB for nothing.
 """
 
@@ -20,6 +20,9 @@ DATA_PLANE = (
     "msd.roles.__main__",
     "msd.launch.check",
     "msd.cli.main",
+    # The demo trainer reads numpy arrays (msd.NumpyClient): its ranks start without torch.
+    "msd.trainer.demo",
+    "msd.reader",
 )
 
 
