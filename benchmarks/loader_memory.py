@@ -9,17 +9,22 @@ Each N runs in a fresh process: the sources of ``benchmarks.dataloader`` (4 MB o
 one Parquet file, 2 MB row groups, lengths log-normal around 200, 1,000 or 4,000 bytes, the
 ``bytes`` transform, equal weights; the first N of the S = 1,024 set, written once under
 ``benchmarks/runs/dataloader-data``) served by the loader's socket-free core as one loader
-process serves them (``SourceShard``s sharing one ``RowGroupReader``, Arrow's system pool).
+process serves them (``SourceShard``s sharing one ``RowGroupReader``; the process set up as
+``python -m msd.roles loader`` sets up its own).
 A simulated Planner consumes ``global_batch_tokens`` a step (16,384 × 2 rows × 8 ranks by
 default): each sample's source drawn by weight, the oldest sample the source holds taken (read
 first if none is held, as when the Planner waits); between steps the loader reads ahead as its
 loop does (the emptiest hungry shard first) until no shard is hungry.
 
-Reported, after the steps: the process's PSS, RSS and its growth over the process before any
-shard existed (imports done), per source; the heap's free-but-kept bytes (glibc ``mallinfo2``);
-Arrow's allocated bytes; and the loader's own structures counted byte by byte: held tokens (the
-buffers their views keep alive), the open block's window, the visit's row and size arrays, the
-epoch orders, the source indexes, the open files. ``--trace`` adds tracemalloc's top lines.
+Reported, after the steps: the process's PSS, and its growth (PSS, peak PSS, USS: USS is the
+steadiest, PSS moves with whatever else shares the libraries' pages) over the process before
+any shard existed (imports done), per source; glibc's heap in use and free-but-kept
+(``mallinfo2``); Arrow's allocated bytes, and the peak of Arrow's mimalloc pool (what the Parquet
+reader decodes into unless the loader names the C allocator); and the loader's own structures
+counted byte by byte: held tokens (and the buffers their views keep alive), the open block's
+window, the visit's row and size arrays, the epoch orders; "after_open" is the growth once the
+shards exist (source indexes, nothing read). ``--trace`` adds tracemalloc's top lines,
+``--window-kib`` fixes every window's size (to weigh its memory against its CPU).
 Writes ``benchmarks/results/loader_memory.json``.
 """
 
@@ -51,6 +56,7 @@ def per_source(r: dict[str, Any]) -> dict[str, float]:
         "heap_used": (after.get("heap_used", 0) - base.get("heap_used", 0)) / n,
         "heap_free_kept": (after.get("heap_free_kept", 0) - base.get("heap_free_kept", 0)) / n,
         "arrow": r["arrow_allocated"] / n,
+        "mimalloc_peak": r.get("mimalloc_peak", 0) / n,
     }
     row |= {k: v / n for k, v in r["parts"].items() if k != "open_files"}
     return {k: v / 1024 for k, v in row.items()}

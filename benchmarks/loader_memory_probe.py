@@ -191,11 +191,13 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "after": after,
         "peak_pss": peak,
         "arrow_allocated": pa.total_allocated_bytes(),
-        "arrow_backend": pa.default_memory_pool().backend_name,
+        # Arrow's C++ default pool, which the Parquet reader decodes into (mimalloc unless
+        # ARROW_DEFAULT_MEMORY_POOL names another): 0 when nothing went through mimalloc.
+        "mimalloc_peak": pa.mimalloc_memory_pool().max_memory(),
         "cpu_s": round(sum(psutil.Process().cpu_times()[:2]) - sum(cpu[:2]), 2),
         "parts": parts(shards, reader),
         "budget_tokens": shards[0].budget,
-        "window_bytes": shards[0].window_bytes,
+        "window_bytes": getattr(shards[0], "window_bytes", None),  # None: before it adapted
     }
     if args.trace:
         result["top"] = trace_top(15)
