@@ -17,7 +17,7 @@ from msd.sources.image_rows import row_sizes
 WINDOW_BYTES = 256 * 1024
 # ... and, for a source that reads ahead little (one of many), about four times its read-ahead
 # in tokens (a tokenizer's text is about 4 bytes a token), but at least this much: each window
-# decodes the block's row groups again (about 3.5 ms for 2 MB of text), so a smaller one costs
+# decodes the block's row groups again (a few ms for 2 MB of text), so a smaller one costs
 # CPU for every byte it saves.
 MIN_WINDOW_BYTES = 128 * 1024
 
