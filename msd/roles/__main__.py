@@ -18,7 +18,7 @@ from msd.roles.common import (
     run_role,
     stop_on_signals,
 )
-from msd.roles.footprint import fix_mmap_threshold, keep_pandas_out
+from msd.roles.footprint import arrow_on_malloc, fix_mmap_threshold, keep_pandas_out
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     logs.setup(args.role, _name(args))
     fix_mmap_threshold()
+    if args.role == "loader":
+        arrow_on_malloc()
     keep_pandas_out()
     die_with_parent()
     stop_on_signals()

@@ -69,3 +69,25 @@ def test_a_fixed_threshold_keeps_a_2_mib_buffer_in_its_own_mapping_after_a_large
 
     assert mapped("fixed") == 1
     assert mapped("default") == 0  # the risen threshold puts it in the heap
+
+
+def test_a_loader_puts_arrow_on_the_c_allocator_unless_told_otherwise() -> None:
+    code = """
+from msd.roles.footprint import arrow_on_malloc
+print(arrow_on_malloc())
+import pyarrow as pa
+print(pa.default_memory_pool().backend_name)
+print(arrow_on_malloc())
+"""
+    assert run(code).splitlines() == ["True", "system", "False"]  # too late once loaded
+
+
+def test_the_environment_still_chooses_arrows_pool() -> None:
+    code = """
+import os
+os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
+from msd.roles.footprint import arrow_on_malloc
+arrow_on_malloc()
+print(os.environ["ARROW_DEFAULT_MEMORY_POOL"])
+"""
+    assert run(code) == "jemalloc"

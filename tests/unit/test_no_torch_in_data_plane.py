@@ -1,7 +1,7 @@
 """The Planner, the loaders, the Constructor and the launcher must not import torch.
 
-Only `msd.Client` needs it (the demo trainer reads with `msd.NumpyClient`); every data-plane process would otherwise pay
-seconds of start-up and hundreds of MB for nothing.
+Only `msd.Client` needs it (the demo trainer reads with `msd.NumpyClient`); every data-plane
+process would otherwise pay seconds of start-up and hundreds of MB for nothing.
 """
 
 from __future__ import annotations

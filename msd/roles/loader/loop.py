@@ -24,10 +24,10 @@ from msd.plan.partition import Generation, LoaderProcess, find_process, generati
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.loader.outage import Outage
-from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard
+from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader, Unavailable
-from msd.wire import compact, transport
+from msd.wire import transport
 from msd.wire.protocol import (
     DISCARD,
     Adopt,
@@ -211,7 +211,7 @@ class Loader:
     def _payload(self, step: int, keys: list[tuple[int, int]]) -> tuple[Payload, list[np.ndarray]]:
         """The tokens of these samples back to back, and their images' patches if any."""
         tokens = [self.shards[source].held[gpos] for source, gpos in keys]
-        buffer = compact.narrowed(np.concatenate(tokens) if tokens else np.empty(0, np.int32))
+        buffer = token_buffer(tokens)
         pixels = [self.shards[source].pixels.get(gpos) for source, gpos in keys]
         payload = Payload(
             step=step,

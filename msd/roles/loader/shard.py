@@ -21,7 +21,7 @@ from msd.plan.partition import Shard
 from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
 from msd.roles.loader.outage import Outage
-from msd.roles.loader.visit import Visit, cell_sizes
+from msd.roles.loader.visit import Visit, cell_sizes, window_bytes
 from msd.sample import SampleImages
 from msd.sources.fuse import Fuser, fuse_spec
 from msd.sources.image_rows import ImageRowReader, read_block, row_sizes
@@ -29,6 +29,7 @@ from msd.sources.index import RowGroup, SourceIndex, open_source, source_key
 from msd.sources.read import RowGroupReader
 from msd.sources.storage import is_remote
 from msd.sources.transforms import make_transform
+from msd.wire import compact
 from msd.wire.protocol import (
     Meta,
     SourceLoad,
@@ -49,6 +50,25 @@ def _held_cost(tokens: np.ndarray) -> int:
     """What a held sample counts against the read-ahead: its tokens, and at least 1, so that
     samples holding none (null or empty text) still fill it and reading stops."""
     return max(1, len(tokens))
+
+
+def packed(tokens: list[np.ndarray]) -> list[np.ndarray]:
+    """A chunk's samples as views of one buffer of the narrowest of uint8, uint16 and int32
+    that holds their ids: held tokens cost a byte each with the ``bytes`` transform, two with
+    most vocabularies (the payload narrows them the same way whatever they are held in)."""
+    flat = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
+    if flat.size and int(flat.min()) >= 0:
+        high = int(flat.max())
+        flat = flat.astype(np.uint8 if high <= 0xFF else np.uint16) if high <= 0xFFFF else flat
+    ends = np.cumsum([len(t) for t in tokens]).tolist()
+    return [flat[start:end] for start, end in zip([0, *ends][: len(ends)], ends, strict=True)]
+
+
+def token_buffer(tokens: list[np.ndarray]) -> np.ndarray:
+    """The tokens of routed samples back to back, as they travel: in the narrowest type that
+    holds them (``compact.narrowed``, whatever type they were held in); none, as int32."""
+    buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
+    return compact.narrowed(buffer) if buffer.size else np.empty(0, np.int32)
 
 
 def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
@@ -103,6 +123,7 @@ class SourceShard:
         self.reader = reader
         self.mix_budget = shard_budget(recipe, shard.source, self.stride)
         self.mix_bytes = shard_bytes(recipe, shard.source, self.stride)
+        self.window_bytes = window_bytes(self.mix_budget)
         self.block_rows = max(b.num_rows for b in self.blocks)
         self._order: EpochOrder | None = None
         self.visit: Visit | None = None
@@ -244,7 +265,7 @@ class SourceShard:
         gpos_start = visit.gpos_start + start
         if visit.done:
             self.visit = None
-        for offset, t in enumerate(tokens):
+        for offset, t in enumerate(packed(tokens)):
             self.held[gpos_start + offset] = t
             self.held_tokens += _held_cost(t)
             self.tokens_read += len(t)
@@ -272,7 +293,7 @@ class SourceShard:
             source=self.source,
             gpos_start=gpos_start,
             lengths=tuple(len(t) for t in tokens),
-            sample_ids=tuple(int(r) for r in visit.first_row + rows),
+            sample_ids=tuple(visit.first_row + int(r) for r in rows),
             images=images,
             patches=patches,
             skipped=skipped,
@@ -314,7 +335,7 @@ class SourceShard:
         order, k = upcoming
         block = self.blocks[int(order.block_perm[k])]
         groups = self.src.row_groups[block.first_rg : block.first_rg + block.num_rg]
-        rows = order.rows_of_visit(k) - block.first_row
+        rows = (order.rows_of_visit(k) - block.first_row).astype(np.int32)  # < a block's rows
         gpos_start = order.epoch * order.num_rows + int(order.block_starts[k])
         visit = self._visit(groups, gpos_start, block.first_row, rows)  # may raise Unavailable
         self.next_v += self.stride
@@ -338,10 +359,22 @@ class SourceShard:
                 # is kept for the visit (a block per source, not a window, is held).
                 kept = column
                 return Visit.of(
-                    gpos_start, first_row, rows, sizes, lambda r: kept.take(pa.array(r)), column
+                    gpos_start,
+                    first_row,
+                    rows,
+                    sizes,
+                    lambda r: kept.take(pa.array(r)),
+                    column,
+                    self.window_bytes,
                 )
             return Visit.of(
-                gpos_start, first_row, rows, sizes, lambda r: read_text().take(pa.array(r)), column
+                gpos_start,
+                first_row,
+                rows,
+                sizes,
+                lambda r: read_text().take(pa.array(r)),
+                column,
+                self.window_bytes,
             )
         shard_sizes = [images.sizes(rg) for rg in groups]
         if all(size is not None for size in shard_sizes):  # WebDataset: rows read one by one

@@ -13,8 +13,13 @@ import pyarrow.compute as pc
 
 from msd.sources.image_rows import row_sizes
 
-# Of an open block, a loader holds a window of about this much text (in visiting order).
+# Of an open block, a loader holds a window of at most this much text (in visiting order)...
 WINDOW_BYTES = 256 * 1024
+# ... and, for a source that reads ahead little (one of many), about four times its read-ahead
+# in tokens (a tokenizer's text is about 4 bytes a token), but at least this much: each window
+# decodes the block's row groups again (a few ms for 2 MB of text), so a smaller one costs
+# CPU for every byte it saves.
+MIN_WINDOW_BYTES = 128 * 1024
 
 
 def cell_sizes(column: pa.Array) -> np.ndarray:
@@ -26,6 +31,11 @@ def cell_sizes(column: pa.Array) -> np.ndarray:
     else:
         sizes = pc.binary_length(column)
     return np.asarray(sizes.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def window_bytes(budget_tokens: int) -> int:
+    """The window of a text source that holds up to ``budget_tokens`` tokens read ahead."""
+    return min(WINDOW_BYTES, max(MIN_WINDOW_BYTES, 4 * budget_tokens))
 
 
 def chunk_end(sizes: np.ndarray, start: int, budget: int) -> int:
@@ -74,7 +84,8 @@ class Visit:
         ``block_sizes`` (bytes: what tokenizing each will cost); ``read(rows)`` reads rows;
         ``column``: the whole block, just read (its first window is taken from it)."""
         # An empty cell costs its row: a column of null cells is read in bounded chunks too.
-        sizes = np.maximum(block_sizes[rows], 1)
+        # int32, as ``rows``: these two are the one per-row state of an open block.
+        sizes = np.clip(block_sizes[rows], 1, np.iinfo(np.int32).max).astype(np.int32)
         bounds = [0]
         while bounds[-1] < len(rows):
             bounds.append(chunk_end(sizes, bounds[-1], window_bytes or WINDOW_BYTES))
