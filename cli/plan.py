@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
+from msd.control.shortlist import SHOWN, shortlist
 from msd.launch.autopartition import AutoPlan, plan_loaders
 from msd.launch.check import check_sources
 from msd.recipe.load import load_recipe
@@ -44,6 +46,9 @@ def plan_rows(recipe: Recipe, plan: AutoPlan) -> list[dict[str, object]]:
 def plan(
     recipe: Annotated[Path, typer.Argument(help="The recipe YAML file.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    every_row: Annotated[
+        bool, typer.Option("--all", help="Every source (by default the 12 with most tokens).")
+    ] = False,
 ) -> None:
     """Profile each source briefly and show how `loaders: auto` shares the loader processes."""
     parsed = load_recipe(recipe)
@@ -67,7 +72,8 @@ def plan(
         "why",
     ):
         table.add_column(column, justify="left" if column in ("source", "why") else "right")
-    for row in rows:
+    shown, rest = shortlist(rows, _most_tokens_first, None if every_row else SHOWN)
+    for row in shown:
         table.add_row(
             str(row["source"]),
             f"{row['peak_token_share']:.3f}",
@@ -78,3 +84,16 @@ def plan(
             str(row.get("why", f"fixed in the recipe: {row['recipe_loaders']}")),
         )
     console.print(table)
+    if rest:
+        share = sum(_share(row) for row in rest)
+        more = f"and {len(rest):,} more sources: {share:.3f} of the tokens (--all or --json)"
+        console.print(Text(more, "dim"))
+
+
+def _share(row: dict[str, object]) -> float:
+    share = row["peak_token_share"]
+    return float(share) if isinstance(share, int | float) else 0.0
+
+
+def _most_tokens_first(row: dict[str, object]) -> tuple[float, str]:
+    return (-_share(row), str(row["source"]))

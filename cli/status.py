@@ -11,6 +11,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from msd.control.shortlist import (
+    SHOWN,
+    process_first,
+    processes_left,
+    shortlist,
+    source_first,
+    sources_left,
+)
 from msd.control.status import fetch_view, resolve_job, status_json
 from msd.jobdir import JobDir
 
@@ -30,8 +38,11 @@ def _table(title: str, columns: list[str]) -> Table:
     return table
 
 
-def render(data: dict[str, Any]) -> Group:
-    """One screen answering "is data keeping up, and if not, why"."""
+def render(data: dict[str, Any], every_row: bool = False) -> Group:
+    """One screen answering "is data keeping up, and if not, why"; with many sources, loaders
+    or Constructors, the rows that most need a look and a line summing up the rest
+    (``every_row``: all of them)."""
+    limit = None if every_row else SHOWN
     job, planner = data["job"], data["planner"]
     steps = f"/{job['steps']}" if job["steps"] is not None else ""
     header = Text.assemble(
@@ -49,7 +60,8 @@ def render(data: dict[str, Any]) -> Group:
     sources = _table(
         "sources", [*columns, "read retries", *(["images left out"] if images else [])]
     )
-    for s in data["sources"]:
+    shown_sources, other_sources = shortlist(data["sources"], source_first, limit)
+    for s in shown_sources:
         extra = [f"{s.get('skipped_images', 0):,}"] if images else []
         sources.add_row(
             s["name"],
@@ -63,7 +75,8 @@ def render(data: dict[str, Any]) -> Group:
             *extra,
         )
     loaders = _table("loaders", ["loader", "node", "pid", "state", "CPU %", "PSS", "samples/s"])
-    for lo in data["loaders"]:
+    shown_loaders, other_loaders = shortlist(data["loaders"], process_first, limit)
+    for lo in shown_loaders:
         loaders.add_row(
             lo["name"],
             lo["node"],
@@ -89,7 +102,8 @@ def render(data: dict[str, Any]) -> Group:
         "constructors",
         ["constructor", "node", "pid", "state", "CPU %", "PSS", "ready", "rejected"],
     )
-    for c in data["constructors"]:
+    shown_constructors, other_constructors = shortlist(data["constructors"], process_first, limit)
+    for c in shown_constructors:
         constructors.add_row(
             c["name"],
             c["node"],
@@ -107,7 +121,16 @@ def render(data: dict[str, Any]) -> Group:
         f"{planner['balance_max_over_mean']:.3f} · {planner['planned_ahead']} steps ahead · "
         f"samples: {lifecycle or '-'} · rejected: {_rejected(planner.get('rejected', {}))}"
     )
-    parts += [sources, loaders, constructors, ranks, plan]
+    parts.append(sources)
+    if other_sources:
+        parts.append(Text(sources_left(other_sources), "dim"))
+    parts.append(loaders)
+    if other_loaders:
+        parts.append(Text(processes_left(other_loaders, "loader processes"), "dim"))
+    parts.append(constructors)
+    if other_constructors:
+        parts.append(Text(processes_left(other_constructors, "Constructors"), "dim"))
+    parts += [ranks, plan]
     if data["slurm"]:
         slurm = _table("SLURM jobs", ["role", "job", "state"])
         for j in data["slurm"]:
@@ -139,6 +162,10 @@ def status(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the status as JSON (docs/status.md).")
     ] = False,
+    every_row: Annotated[
+        bool,
+        typer.Option("--all", help="Every source, loader and Constructor (by default 12 each)."),
+    ] = False,
 ) -> None:
     """Is data keeping up, and if not, why: job, sources, loaders, Constructors, ranks."""
     folder = resolve_job(job, runs)
@@ -146,7 +173,7 @@ def status(
         print(json.dumps(_snapshot(folder), indent=2))
         return
     if not watch:
-        console.print(render(_snapshot(folder)))
+        console.print(render(_snapshot(folder), every_row))
         return
     try:
         with Live(console=console, auto_refresh=False, screen=False) as live:
@@ -155,7 +182,7 @@ def status(
                 if json_out:
                     print(json.dumps(data), flush=True)
                 else:
-                    live.update(render(data), refresh=True)
+                    live.update(render(data, every_row), refresh=True)
                 if data["job"]["state"] == "done":
                     return
                 time.sleep(interval)

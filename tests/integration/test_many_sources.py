@@ -3,6 +3,8 @@ loader processes in one line (every process is listed in JOB/loaders.txt)."""
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import pytest
 import yaml
 
 from msd.synth import SynthSource, synth
-from tests.conftest import run_msd
+from tests.conftest import run_msd, start_launch
 
 SOURCES = 80
 
@@ -82,3 +84,30 @@ def test_launch_summarises_loaders_instead_of_naming_every_source(many: Path) ->
     lines = (job / "loaders.txt").read_text().splitlines()
     served = sorted(s for line in lines for s in line.split("\t")[1].split(", "))
     assert served == [f"src{i:03d}" for i in range(SOURCES)]
+
+
+def test_status_of_many_sources_shows_a_screen_and_all_of_them_on_request(many: Path) -> None:
+    slow = recipe(many, "slow", loader={"sources_per_process": 20}, steps=10**6)
+    doc = yaml.safe_load((many / slow).read_text())
+    for s in doc["sources"]:
+        s["repeat"] = True
+    (many / slow).write_text(yaml.safe_dump(doc, sort_keys=False))
+    launcher = start_launch(many, slow)
+    try:
+        deadline = time.monotonic() + 90
+        screen = run_msd("status", cwd=many)
+        while screen.returncode != 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            screen = run_msd("status", cwd=many)
+        every = run_msd("status", "--all", cwd=many)
+    finally:
+        for job in (many / "runs").glob("slow-*"):
+            run_msd("stop", str(job), cwd=many)
+        launcher.communicate(timeout=60)
+    assert screen.returncode == 0 and every.returncode == 0, screen.stderr + every.stderr
+    # 12 sources, those that most need a look, and one line for the other 68
+    rows = re.compile(r"^src\d{3} ", re.MULTILINE)  # a source's row (not a loader's: src000+19)
+    assert len(rows.findall(screen.stdout)) == 12
+    assert f"and {SOURCES - 12} more sources: weight" in flat(screen.stdout)
+    assert len(set(rows.findall(every.stdout))) == SOURCES
+    assert "more sources" not in every.stdout
