@@ -3,11 +3,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
+from msd.control.shortlist import SHOWN, shortlist
 from msd.launch.check import check_sources
 from msd.launch.long_samples import long_sample_warnings
 from msd.recipe.advice import count_processes, too_many_loaders
@@ -34,6 +36,9 @@ def warn_long_samples(recipe: Recipe, profiles: Sequence[SourceProfile] | None =
 @user_errors
 def validate(
     recipe: Annotated[Path, typer.Argument(help="The recipe YAML file.")],
+    every_row: Annotated[
+        bool, typer.Option("--all", help="Every source (by default the 12 largest weights).")
+    ] = False,
 ) -> None:
     """Check a recipe and open every source (schemas, columns, files) without starting anything."""
     parsed = load_recipe(recipe)
@@ -41,7 +46,9 @@ def validate(
     table = Table(title=f"{recipe}: valid")
     for column in ("source", "files", "row groups", "rows", "column", "weight", "loaders"):
         table.add_column(column)
-    for s in summaries:
+    rows = [{"name": s.name, "weight": s.weight, "summary": s} for s in summaries]
+    shown, rest = shortlist(rows, _heaviest_first, None if every_row else SHOWN)
+    for s in (row["summary"] for row in shown):
         table.add_row(
             s.name,
             str(s.files),
@@ -52,9 +59,18 @@ def validate(
             str(s.loaders),
         )
     console.print(table)
+    if rest:
+        files = sum(row["summary"].files for row in rest)
+        rows_left = sum(row["summary"].rows for row in rest)
+        line = f"and {len(rest):,} more sources: {files:,} files, {rows_left:,} rows (--all)"
+        console.print(Text(line, "dim"))
     for s in summaries:
         if (left_out := s.left_out_warning()) is not None:
             line = f"[bold yellow]warning:[/] {left_out}"
             err_console.print(line, highlight=False, soft_wrap=True)
     warn_if_many_loaders(count_processes(parsed, os.cpu_count() or 1), parsed.cluster)
     warn_long_samples(parsed)
+
+
+def _heaviest_first(row: dict[str, Any]) -> tuple[float, str]:
+    return (-float(row["weight"]), str(row["name"]))
