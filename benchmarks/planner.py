@@ -9,7 +9,9 @@
 ``plan_step``: the whole of ``msd.plan.step.plan_step`` — drawing sources, looking up lengths,
 packing into rows, balancing (``greedy``) — on a ``StreamSpec`` built directly: the `msd synth`
 demo mixture (web / code / books, weights 0.5 / 0.3 / 0.2, ``repeat``), rows of ``SEQ_LEN``
-tokens, longer samples split. The lookup reads the lengths from numpy arrays
+tokens, longer samples split. The points with 1,000 sources add 997 small ones (weight
+``SMALL_WEIGHT`` each, lengths like the demo's): a step draws from a few dozen of them, and
+costs about what it costs with the three alone. The lookup reads the lengths from numpy arrays
 (``msd.synth.sample_lengths``) turned into lists once: about as cheap as the Planner's own (a
 dict lookup).
 
@@ -70,13 +72,17 @@ GROWTH = [
     (4096, 3, 1),
 ]
 QUICK = [(64, 1, 3), (512, 1, 3), (4096, 1, 3)]
+# (dp, micro-batches, rows per micro-batch, sources): many sources, most of them small.
+SOURCES = [(64, 1, 3, 1000), (4096, 1, 3, 1000)]
+SMALL_WEIGHT = 1e-6
 
 
-def stream(dp: int, micro_batches: int, rows: int) -> tuple[StreamSpec, Any]:
-    tables = [pool.tolist() for pool in POOLS]
+def stream(dp: int, micro_batches: int, rows: int, sources: int = 3) -> tuple[StreamSpec, Any]:
+    pools = [pool.tolist() for pool in POOLS]
+    tables = [pools[s % len(pools)] for s in range(sources)]
     spec = StreamSpec(
         seed=0,
-        schedule=constant(MIX),
+        schedule=constant(MIX + (SMALL_WEIGHT,) * (sources - len(MIX))),
         num_rows=tuple(len(t) for t in tables),
         repeat=(True,) * len(tables),
         dp=dp,
@@ -140,9 +146,9 @@ def timing(quick: bool) -> list[dict[str, Any]]:
     return [timing_point(dp, samples, 3 if quick else 7) for dp, samples in points]
 
 
-def point(dp: int, micro_batches: int, rows: int, steps: int) -> dict[str, Any]:
-    spec, lookup = stream(dp, micro_batches, rows)
-    state = PlannerState.initial(len(DEFAULT_SOURCES))
+def point(dp: int, micro_batches: int, rows: int, steps: int, sources: int = 3) -> dict[str, Any]:
+    spec, lookup = stream(dp, micro_batches, rows, sources)
+    state = PlannerState.initial(sources)
     for _ in range(WARMUP_STEPS):
         state = _plan(spec, state, lookup)[1]
     runs: dict[str, list[tuple[float, float]]] = {"plan_step": [], "rows": []}
@@ -158,6 +164,7 @@ def point(dp: int, micro_batches: int, rows: int, steps: int) -> dict[str, Any]:
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
     samples = statistics.mean(pieces)
     return {
+        "sources": sources,
         "dp": dp,
         "micro_batches": micro_batches,
         "rows_per_micro_batch": rows,
@@ -211,6 +218,7 @@ def planner(quick: bool) -> dict[str, Any]:
     return {
         "targets": [point(*p, steps) for p in (QUICK if quick else TARGETS)],
         "growth": [] if quick else [point(*p, steps) for p in GROWTH],
+        "sources": [point(dp, micro, rows, steps, n) for dp, micro, rows, n in SOURCES],
     }
 
 
@@ -228,6 +236,14 @@ def tables(result: dict[str, Any]) -> list[str]:
     ]
     if result["growth"]:
         lines += ["", "Growth with samples and ranks:", "", *_table(result["growth"])]
+    if result.get("sources"):
+        lines += [
+            "",
+            f"With 1,000 sources: the three, and 997 more of weight {SMALL_WEIGHT:g} each (a "
+            "step draws from a few dozen of them):",
+            "",
+            *_table(result["sources"]),
+        ]
     return lines
 
 
@@ -257,9 +273,9 @@ def timing_table(points: list[dict[str, Any]]) -> list[str]:
 
 def _table(points: list[dict[str, Any]]) -> list[str]:
     rows = [
-        "| DP | micro-batches × rows | pieces/step | plan_step | selection | balance | rows "
-        "| µs/piece | ns/(n·log₂n) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| DP | micro-batches × rows | sources | pieces/step | plan_step | selection | balance "
+        "| rows | µs/piece | ns/(n·log₂n) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for p in points:
         shape = f"{p['micro_batches']} × {p['rows_per_micro_batch']}"
@@ -268,7 +284,8 @@ def _table(points: list[dict[str, Any]]) -> list[str]:
             for k in ("plan_step", "selection", "balance", "rows")
         )
         rows.append(
-            f"| {p['dp']} | {shape} | {p['pieces_per_step']:,.0f} | {cells} "
+            f"| {p['dp']} | {shape} | {p.get('sources', 3):,} | {p['pieces_per_step']:,.0f} "
+            f"| {cells} "
             f"| {p['us_per_piece']:.2f} | {p['ns_per_n_log2_n']:.0f} |"
         )
     return rows

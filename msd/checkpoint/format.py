@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from msd.checkpoint.signing import signature, signed_by
 from msd.checkpoint.validate import check_body
 from msd.errors import CheckpointError
@@ -248,11 +250,11 @@ class Delta:
         sources: tuple[tuple[int, int, int], ...] = (),
         counters: Counters | None = None,
     ) -> Delta:
-        moved = tuple(
-            (s, a - b)
-            for s, (b, a) in enumerate(zip(before.cursors, after.cursors, strict=True))
-            if a != b
-        )
+        old, new = np.array(before.cursors, dtype=np.int64), np.array(after.cursors, dtype=np.int64)
+        if old.shape != new.shape:
+            raise ValueError("the states before and after a step have different sources")
+        drawn = np.flatnonzero(old != new)  # the few sources a step drew from
+        moved = tuple(zip(drawn.tolist(), (new[drawn] - old[drawn]).tolist(), strict=True))
         return Delta(after.step, moved, after.carry, tokens, sources, counters or Counters())
 
     def apply(self, state: PlannerState) -> PlannerState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from msd.recipe.schema import Recipe
 
@@ -37,6 +38,24 @@ class Schedule:
     changes: tuple[MixChange, ...] = ()
 
     def weights_at(self, step: int) -> tuple[float, ...]:
+        # Between breakpoints the weights hold still (with ``linear``, after the last one):
+        # each stretch is worked out once, not once a step for every source.
+        segment = bisect.bisect_right(self._breaks, step)
+        if self.linear and segment < len(self._breaks):
+            return self._weights_at(step)
+        if segment not in self._held:
+            self._held[segment] = self._weights_at(step)
+        return self._held[segment]
+
+    @cached_property
+    def _breaks(self) -> list[int]:
+        return self.breakpoints()
+
+    @cached_property
+    def _held(self) -> dict[int, tuple[float, ...]]:
+        return {}
+
+    def _weights_at(self, step: int) -> tuple[float, ...]:
         weights = [_weight_at(p, step, self.linear) for p in self.points]
         for change in self.changes:
             if change.step <= step:

@@ -60,6 +60,16 @@ class StreamSpec:
     cost: CostModel = field(default_factory=CostModel)
     max_patches: int | None = None  # a micro-batch's image patches, at most
 
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        """``num_rows`` as an array (read-only), for looking up many sources at once."""
+        return _frozen(np.array(self.num_rows, dtype=np.int64).reshape(-1))
+
+    @cached_property
+    def repeats(self) -> np.ndarray:
+        """``repeat`` as a boolean array (read-only)."""
+        return _frozen(np.array(self.repeat, dtype=bool).reshape(-1))
+
     @property
     def rows_per_rank(self) -> int:
         return self.micro_batches * self.micro_batch_size
@@ -78,6 +88,11 @@ class StreamSpec:
         """Samples holding no tokens (null or empty text) a step takes at most; then it closes.
         They fit any row, so a stream of nothing else would never close a step."""
         return max(1024, 16 * self.global_rows)
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 @dataclass(frozen=True)
@@ -210,11 +225,10 @@ def _cut(
     return cut, 1, int(n * seq_len < length)
 
 
-def _active(spec: StreamSpec, weights: tuple[float, ...], cursors: list[int]) -> list[bool]:
-    return [
-        weights[s] > 0 and (spec.repeat[s] or cursors[s] < spec.num_rows[s])
-        for s in range(len(cursors))
-    ]
+def _active(spec: StreamSpec, weights: tuple[float, ...], cursors: np.ndarray) -> np.ndarray:
+    """Which sources can be drawn: a positive weight, and samples left (or repeating)."""
+    positive = np.asarray(weights, dtype=np.float64) > 0
+    return positive & (spec.repeats | (cursors < spec.sizes))
 
 
 class _Selection:
@@ -336,27 +350,21 @@ def _expand(
     return block
 
 
-def _until_exhausted(spec: StreamSpec, sources: np.ndarray, cursors: list[int]) -> int:
+def _until_exhausted(spec: StreamSpec, sources: np.ndarray, gpos: np.ndarray) -> int:
     """How many of these draws come before a finite source runs out (the one taking its last
     sample included): after it, the rest are drawn over fewer sources."""
-    cut = len(sources)
-    for s in range(len(cursors)):
-        left = spec.num_rows[s] - cursors[s]
-        if not spec.repeat[s] and 0 < left < cut:
-            taken = np.flatnonzero(sources[:cut] == s)
-            if len(taken) >= left:
-                cut = int(taken[left - 1]) + 1
-    return cut
+    last = np.flatnonzero((gpos == spec.sizes[sources] - 1) & ~spec.repeats[sources])
+    return int(last[0]) + 1 if len(last) else len(sources)
 
 
-def _positions(sources: np.ndarray, cursors: list[int]) -> np.ndarray:
+def _positions(sources: np.ndarray, cursors: np.ndarray) -> np.ndarray:
     """The global position each draw takes: its source's cursor plus earlier draws of it."""
     keys = sources.astype(np.uint16) if len(cursors) < 2**16 else sources  # radix-sorted
     order = np.argsort(keys, kind="stable")
     grouped = sources[order]
     earlier = np.arange(len(sources)) - np.searchsorted(grouped, grouped, side="left")
     gpos = np.empty(len(sources), dtype=np.int64)
-    gpos[order] = np.asarray(cursors, dtype=np.int64)[grouped] + earlier
+    gpos[order] = cursors[grouped] + earlier
     return gpos
 
 
@@ -374,14 +382,16 @@ def _select(
         return NeedData(*state.carry[lengths.index(None)])
     carry = np.array(state.carry, dtype=np.int64).reshape(-1, 2)
     sel.offer(carry[:, 0], carry[:, 1], lengths, len(lengths) + 1)
-    cursors = list(state.cursors)
+    cursors = np.array(state.cursors, dtype=np.int64)
     weights = spec.schedule.weights_at(state.step)
     draws = SourceDraws(step_rng(spec.seed, state.step), weights)
-    while not sel.closed and any(active := _active(spec, weights, cursors)):
-        draws.set_active(active)
+    active = _active(spec, weights, cursors)
+    draws.set_active(active)
+    while not sel.closed and active.any():
         sources = draws.peek(sel.next_chunk())
-        sources = sources[: _until_exhausted(spec, sources, cursors)]
         gpos = _positions(sources, cursors)
+        cut = _until_exhausted(spec, sources, gpos)
+        sources, gpos = sources[:cut], gpos[:cut]
         lengths = list(map(lookup, sources.tolist(), gpos.tolist()))
         known = lengths.index(None) if None in lengths else len(lengths)
         head = sel.within_empty_limit(lengths[:known])
@@ -391,9 +401,14 @@ def _select(
             soon = tuple(zip(sources[unknown].tolist(), gpos[unknown].tolist(), strict=True))
             return NeedData(int(sources[known]), int(gpos[known]), soon)
         draws.advance(offered)
-        for s, n in enumerate(np.bincount(sources[:offered], minlength=len(cursors)).tolist()):
-            cursors[s] += n
-    return sel, cursors
+        drawn = np.bincount(sources[:offered])  # up to the largest source drawn
+        cursors[: len(drawn)] += drawn
+        out = np.flatnonzero(drawn)
+        out = out[~spec.repeats[out] & (cursors[out] >= spec.sizes[out])]
+        if len(out) and active[out].any():  # a finite source ran out: draw over the rest
+            active[out] = False
+            draws.set_active(active)
+    return sel, cursors.tolist()
 
 
 def plan_step(

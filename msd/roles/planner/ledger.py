@@ -67,7 +67,7 @@ class Ledger:
         self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
         self.step_figures[plan.step] = figures
         done = plan.counts
-        skipped = enumerate(figures.skipped.tolist())
+        skipped = _nonzero(figures.skipped)
         self.step_counters[plan.step] = Counters(
             done.split,
             done.truncated,
@@ -75,7 +75,7 @@ class Ledger:
             done.truncated_tokens,
             done.empty,
             int(figures.images.sum()),
-            tuple((s, n) for s, n in skipped if n),
+            tuple(zip(skipped.tolist(), figures.skipped[skipped].tolist(), strict=True)),
         )
 
     def log_consumed(self, consumed: int) -> bool:
@@ -115,8 +115,9 @@ class Ledger:
         figures = self.step_figures.get(step)
         if figures is None:
             return ()
-        pairs = zip(figures.samples.tolist(), figures.tokens.tolist(), strict=True)
-        return tuple((s, n, t) for s, (n, t) in enumerate(pairs) if n or t)
+        drawn = _nonzero(figures.samples | figures.tokens)
+        columns = (drawn, figures.samples[drawn], figures.tokens[drawn])
+        return tuple(zip(*(c.tolist() for c in columns), strict=True))
 
     def snapshot(self, wait: bool = True) -> tuple[Path, int, float]:
         """Write the state at the step every rank has consumed; (path, bytes, seconds).
@@ -159,3 +160,8 @@ class Ledger:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _nonzero(per_source: np.ndarray) -> np.ndarray:
+    """The sources with a figure (few of many, each step: looped over instead of all)."""
+    return np.flatnonzero(per_source)
