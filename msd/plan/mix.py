@@ -42,7 +42,7 @@ class SourceDraws:
         self.uniforms = np.empty(0)  # generated, not yet taken
         self.cum = np.zeros(len(weights))
 
-    def set_active(self, active: Sequence[bool]) -> None:
+    def set_active(self, active: Sequence[bool] | np.ndarray) -> None:
         """Which sources can be drawn from now on (some with a positive weight)."""
         self.cum = _cumulative(self.weights, active)
 
@@ -58,7 +58,7 @@ class SourceDraws:
         self.uniforms = self.uniforms[count:]
 
 
-def _cumulative(weights: Sequence[float], active: Sequence[bool]) -> np.ndarray:
+def _cumulative(weights: Sequence[float], active: Sequence[bool] | np.ndarray) -> np.ndarray:
     return np.cumsum(np.where(np.asarray(active), np.asarray(weights, dtype=np.float64), 0.0))
 
 

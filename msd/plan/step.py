@@ -17,7 +17,7 @@ columns (``Pieces``) and builds the ``Slot`` objects of ``StepPlan.rows`` when f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
@@ -254,12 +254,12 @@ class _Selection:
     def closed(self) -> bool:
         return len(self.misfits) >= self.spec.carry_limit or self.empty >= self.spec.empty_limit
 
-    def within_empty_limit(self, lengths: Sequence[int | None]) -> int:
+    def within_empty_limit(self, lens: np.ndarray) -> int:
         """How many of these (known) lengths to offer: up to the empty sample that reaches
         ``empty_limit``, so the step closes at the same sample however draws are chunked."""
-        zeros = np.flatnonzero(np.array(lengths, dtype=np.int64) == 0)
+        zeros = np.flatnonzero(lens == 0)
         room = self.spec.empty_limit - self.empty
-        return len(lengths) if len(zeros) < room else int(zeros[room - 1]) + 1
+        return len(lens) if len(zeros) < room else int(zeros[room - 1]) + 1
 
     def next_chunk(self) -> int:
         """How many draws to look up at once: about as many as the rows still hold."""
@@ -268,54 +268,56 @@ class _Selection:
         mean = placed / packer.count if packer.count else self.spec.seq_len / 2
         return int(min(max(free / max(mean, 1.0), 16), 1 << 16))
 
-    def offer(
-        self, sources: np.ndarray, gpos: np.ndarray, lengths: Sequence[int | None], misfits: int
-    ) -> int:
-        """Offer samples (all lengths known) in order until ``misfits`` of them did not fit; how
-        many were offered."""
+    def offer(self, sources: np.ndarray, gpos: np.ndarray, lens: np.ndarray, misfits: int) -> int:
+        """Offer samples (``lens``: their lengths, all known) in order until ``misfits`` of them
+        did not fit; how many were offered."""
         spec, m = self.spec, self.spec.pad_multiple
-        lens = np.array(lengths, dtype=np.int64)
         padded = -(-lens // m) * m
-        long = np.flatnonzero(lens > spec.seq_len).tolist()
-        how = (spec.seq_len, spec.long_samples, spec.global_rows)
-        cuts = {j: _cut(n, *how) for j, n in zip(long, lens[long].tolist(), strict=True)}
-        padded[long] = spec.seq_len + 1  # fits no row alone: placed as its group
-        groups = {j: [-(-n // m) * m for n, _ in cut] for j, (cut, _, _) in cuts.items()}
+        cut = _Long.of(lens, spec)
+        padded[cut.at] = spec.seq_len + 1  # fits no row alone: placed as its group
+        groups = cut.groups()
         if isinstance(self.packer, PatchRowPacker):
-            each, of_groups = self._patches(sources, gpos, cuts)
+            each, of_groups = self._patches(sources, gpos, cut)
             offered, missed = self.packer.place_each(
                 padded.tolist(), groups, misfits, each, of_groups
             )
         else:
             offered, missed = self.packer.place_each(padded.tolist(), groups, misfits)
         self.misfits += [(int(sources[j]), int(gpos[j])) for j in missed]
-        placed = {j: cuts[j][0] for j in long if j < offered and j not in missed}
-        for j, cut in placed.items():
-            self.split, self.truncated = self.split + cuts[j][1], self.truncated + cuts[j][2]
-            if cuts[j][2]:
-                source, lost = int(sources[j]), int(lens[j]) - sum(n for n, _ in cut)
-                self.truncated_tokens[source] = self.truncated_tokens.get(source, 0) + lost
-            if not cut:
-                self.dropped.append((int(sources[j]), int(gpos[j])))
+        placed = (cut.at < offered) & ~np.isin(cut.at, missed)
+        self._count(cut, placed, sources, gpos)
         self.empty += int(np.count_nonzero(lens[:offered] == 0))
         columns = (sources, gpos, lens, 0 * lens, padded)
-        self.blocks.append(_expand([c[:offered] for c in columns], missed, placed, m))
+        self.blocks.append(_expand([c[:offered] for c in columns], missed, cut, placed, m))
         return offered
 
+    def _count(self, cut: _Long, placed: np.ndarray, sources: np.ndarray, gpos: np.ndarray) -> None:
+        """What the long-sample policy did to the samples placed (``placed``: of ``cut.at``)."""
+        at, policy = cut.at[placed], self.spec.long_samples
+        self.split += len(at) if policy == "split" else 0
+        truncated = at[cut.truncated[placed]]
+        self.truncated += len(truncated)
+        lost = cut.lost[placed][cut.truncated[placed]]
+        for source, tokens in zip(sources[truncated].tolist(), lost.tolist(), strict=True):
+            self.truncated_tokens[source] = self.truncated_tokens.get(source, 0) + tokens
+        if policy == "drop":
+            self.dropped += zip(sources[at].tolist(), gpos[at].tolist(), strict=True)
+
     def _patches(
-        self,
-        sources: np.ndarray,
-        gpos: np.ndarray,
-        cuts: dict[int, tuple[list[tuple[int, int]], int, int]],
+        self, sources: np.ndarray, gpos: np.ndarray, cut: _Long
     ) -> tuple[list[int], dict[int, list[int]]]:
         """The patches of each sample offered (whole), and of each piece of those cut."""
         count = self.patches
+        bounds = cut.bounds().tolist()
         if count is None:
-            return [0] * len(sources), {j: [0] * len(cut) for j, (cut, _, _) in cuts.items()}
+            of_groups = {
+                j: [0] * (bounds[i + 1] - bounds[i]) for i, j in enumerate(cut.at.tolist())
+            }
+            return [0] * len(sources), of_groups
         each = count(sources, gpos, np.zeros(len(sources), dtype=np.int64)).tolist()
         of_groups = {}
-        for j, (cut, _, _) in cuts.items():
-            offsets = np.array([offset for _, offset in cut], dtype=np.int64)
+        for i, j in enumerate(cut.at.tolist()):
+            offsets = cut.offsets[bounds[i] : bounds[i + 1]]
             n = len(offsets)
             of_groups[j] = count(np.full(n, sources[j]), np.full(n, gpos[j]), offsets).tolist()
         return [int(p) for p in each], {j: [int(p) for p in v] for j, v in of_groups.items()}
@@ -326,27 +328,72 @@ class _Selection:
         return [np.concatenate([b[c] for b in self.blocks]) for c in range(len(PIECE_COLUMNS))]
 
 
+class _Long(NamedTuple):
+    """The samples longer than a row among those offered (at positions ``at``) and the pieces
+    each is planned as: ``count`` of them (0: dropped), their ``lengths`` and ``offsets`` (one
+    entry per piece, sample after sample); ``truncated``: whether tokens were cut off, ``lost``
+    how many."""
+
+    at: np.ndarray
+    count: np.ndarray
+    lengths: np.ndarray
+    offsets: np.ndarray
+    padded: np.ndarray
+    truncated: np.ndarray
+    lost: np.ndarray
+
+    @staticmethod
+    def of(lens: np.ndarray, spec: StreamSpec) -> _Long:
+        """``_cut`` of every sample longer than ``seq_len``, at once."""
+        seq_len, m = spec.seq_len, spec.pad_multiple
+        at = np.flatnonzero(lens > seq_len)
+        full = lens[at]
+        if spec.long_samples == "drop":
+            count = np.zeros(len(at), dtype=np.int64)
+        elif spec.long_samples == "truncate":
+            count = np.ones(len(at), dtype=np.int64)
+        else:  # split; a step holds at most its rows
+            count = np.minimum(-(-full // seq_len), spec.global_rows)
+        first = np.repeat(np.cumsum(count) - count, count)
+        offsets = (np.arange(len(first)) - first) * seq_len
+        lengths = np.minimum(seq_len, np.repeat(full, count) - offsets)
+        kept = np.minimum(full, count * seq_len)
+        truncated = (kept < full) & (spec.long_samples != "drop")
+        padded = -(-lengths // m) * m
+        return _Long(at, count, lengths, offsets, padded, truncated, full - kept)
+
+    def bounds(self) -> np.ndarray:
+        """Sample i's pieces are ``bounds[i] : bounds[i + 1]``."""
+        return np.concatenate([[0], np.cumsum(self.count)])
+
+    def groups(self) -> dict[int, list[int]]:
+        """The padded pieces of each sample, by its position (placed all or none)."""
+        padded, bounds = self.padded.tolist(), self.bounds().tolist()
+        return {j: padded[bounds[i] : bounds[i + 1]] for i, j in enumerate(self.at.tolist())}
+
+
 def _expand(
     columns: list[np.ndarray],
     missed: list[int],
-    placed: dict[int, list[tuple[int, int]]],
+    cut: _Long,
+    placed: np.ndarray,
     pad_multiple: int,
 ) -> list[np.ndarray]:
     """One row per sample offered -> one row per piece placed: none for a sample that did not
     fit or was dropped, one per piece for a sample cut into pieces."""
     count = np.ones(len(columns[0]), dtype=np.int64)
     count[missed] = 0
-    for j, cut in placed.items():
-        count[j] = len(cut)
+    count[cut.at[placed]] = cut.count[placed]
     block = [np.repeat(column, count) for column in columns]
-    cuts = {j: cut for j, cut in placed.items() if cut}
-    if cuts:  # write each cut sample's pieces over its copies
-        at = (np.cumsum(count) - count)[list(cuts)].tolist()
-        where = [a + k for a, cut in zip(at, cuts.values(), strict=True) for k in range(len(cut))]
-        lengths, offsets = zip(*[piece for cut in cuts.values() for piece in cut], strict=True)
-        block[2][where] = lengths
-        block[3][where] = offsets
-        block[4][where] = -(-np.array(lengths) // pad_multiple) * pad_multiple
+    pieces = np.repeat(placed, cut.count)  # the pieces of the samples placed
+    if pieces.any():  # write each cut sample's pieces over its copies
+        at = (np.cumsum(count) - count)[cut.at[placed]]
+        per = cut.count[placed]
+        first = np.repeat(np.cumsum(per) - per, per)
+        where = np.repeat(at, per) + np.arange(len(first)) - first
+        block[2][where] = cut.lengths[pieces]
+        block[3][where] = cut.offsets[pieces]
+        block[4][where] = cut.padded[pieces]
     return block
 
 
@@ -381,7 +428,7 @@ def _select(
     if None in lengths:
         return NeedData(*state.carry[lengths.index(None)])
     carry = np.array(state.carry, dtype=np.int64).reshape(-1, 2)
-    sel.offer(carry[:, 0], carry[:, 1], lengths, len(lengths) + 1)
+    sel.offer(carry[:, 0], carry[:, 1], np.array(lengths, dtype=np.int64), len(lengths) + 1)
     cursors = np.array(state.cursors, dtype=np.int64)
     weights = spec.schedule.weights_at(state.step)
     draws = SourceDraws(step_rng(spec.seed, state.step), weights)
@@ -394,8 +441,9 @@ def _select(
         sources, gpos = sources[:cut], gpos[:cut]
         lengths = list(map(lookup, sources.tolist(), gpos.tolist()))
         known = lengths.index(None) if None in lengths else len(lengths)
-        head = sel.within_empty_limit(lengths[:known])
-        offered = sel.offer(sources, gpos, lengths[:head], spec.carry_limit - len(sel.misfits))
+        lens = np.array(lengths[:known], dtype=np.int64)
+        lens = lens[: sel.within_empty_limit(lens)]
+        offered = sel.offer(sources, gpos, lens, spec.carry_limit - len(sel.misfits))
         if offered == known < len(lengths) and not sel.closed:
             unknown = [j for j in range(known, len(lengths)) if lengths[j] is None]
             soon = tuple(zip(sources[unknown].tolist(), gpos[unknown].tolist(), strict=True))
