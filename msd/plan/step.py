@@ -330,12 +330,12 @@ class _Selection:
 
 class _Long(NamedTuple):
     """The samples longer than a row among those offered (at positions ``at``) and the pieces
-    each is planned as: ``count`` of them (0: dropped), their ``lengths`` and ``offsets`` (one
-    entry per piece, sample after sample); ``truncated``: whether tokens were cut off, ``lost``
-    how many."""
+    each is planned as: ``num_pieces`` of them (0: dropped), their ``lengths``, ``offsets``
+    and ``padded`` (one entry per piece, sample after sample); ``truncated``: whether tokens
+    were cut off, ``lost`` how many."""
 
     at: np.ndarray
-    count: np.ndarray
+    num_pieces: np.ndarray
     lengths: np.ndarray
     offsets: np.ndarray
     padded: np.ndarray
@@ -364,7 +364,7 @@ class _Long(NamedTuple):
 
     def bounds(self) -> np.ndarray:
         """Sample i's pieces are ``bounds[i] : bounds[i + 1]``."""
-        return np.concatenate([[0], np.cumsum(self.count)])
+        return np.concatenate([[0], np.cumsum(self.num_pieces)])
 
     def groups(self) -> dict[int, list[int]]:
         """The padded pieces of each sample, by its position (placed all or none)."""
@@ -383,12 +383,12 @@ def _expand(
     fit or was dropped, one per piece for a sample cut into pieces."""
     count = np.ones(len(columns[0]), dtype=np.int64)
     count[missed] = 0
-    count[cut.at[placed]] = cut.count[placed]
+    count[cut.at[placed]] = cut.num_pieces[placed]
     block = [np.repeat(column, count) for column in columns]
-    pieces = np.repeat(placed, cut.count)  # the pieces of the samples placed
+    pieces = np.repeat(placed, cut.num_pieces)  # the pieces of the samples placed
     if pieces.any():  # write each cut sample's pieces over its copies
         at = (np.cumsum(count) - count)[cut.at[placed]]
-        per = cut.count[placed]
+        per = cut.num_pieces[placed]
         first = np.repeat(np.cumsum(per) - per, per)
         where = np.repeat(at, per) + np.arange(len(first)) - first
         block[2][where] = cut.lengths[pieces]
