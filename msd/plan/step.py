@@ -17,6 +17,7 @@ columns (``Pieces``) and builds the ``Slot`` objects of ``StepPlan.rows`` when f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -126,6 +127,9 @@ class Slot(NamedTuple):
     padded: int = 0
 
 
+_new_slot = functools.partial(tuple.__new__, Slot)
+
+
 @dataclass(frozen=True)
 class Counts:
     """What the long-sample policy did in a step; ``truncated_tokens``: (source, tokens cut off
@@ -175,10 +179,12 @@ class StepPlan:
 
     @cached_property
     def rows(self) -> tuple[tuple[tuple[Slot, ...], ...], ...]:
-        slots = list(map(Slot, *(column.tolist() for column in self.pieces.columns)))
+        # tuple.__new__ builds each Slot in C, without the generated __new__'s Python call
+        columns = (column.tolist() for column in self.pieces.columns)
+        slots = list(map(_new_slot, zip(*columns, strict=True)))
         bounds, per_rank = self.pieces.bounds.tolist(), self.rows_per_rank
-        rows = [tuple(slots[bounds[g] : bounds[g + 1]]) for g in range(len(bounds) - 1)]
-        return tuple(tuple(rows[r : r + per_rank]) for r in range(0, len(rows), per_rank))
+        rows = list(map(tuple, map(slots.__getitem__, map(slice, bounds[:-1], bounds[1:]))))
+        return tuple(map(tuple, zip(*(rows[j::per_rank] for j in range(per_rank)), strict=True)))
 
     @property
     def slots(self) -> list[Slot]:

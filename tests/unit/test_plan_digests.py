@@ -23,7 +23,15 @@ import pytest
 
 from msd.plan.balance import hybrid_placement, placement
 from msd.plan.schedule import MixChange, Schedule, constant
-from msd.plan.step import EndOfStream, NeedData, PlannerState, StreamSpec, plan_step
+from msd.plan.step import (
+    EndOfStream,
+    NeedData,
+    PlannerState,
+    Slot,
+    StepPlan,
+    StreamSpec,
+    plan_step,
+)
 from msd.synth import DEFAULT_SOURCES, sample_lengths
 
 RECORDED = Path(__file__).with_name("plan_digests.json")
@@ -118,10 +126,20 @@ def _run(case: dict[str, Any]) -> str:
             digest.update(repr(result).encode())
             break
         plan, state = result
+        assert plan.rows == _rows(plan)
         for column in (*plan.pieces.columns, plan.pieces.bounds):
             digest.update(np.ascontiguousarray(column, dtype=np.int64).tobytes())
         digest.update(repr((plan.step, plan.counts, plan.dropped, state)).encode())
     return digest.hexdigest()
+
+
+def _rows(plan: StepPlan) -> tuple[tuple[tuple[Slot, ...], ...], ...]:
+    """``plan.rows`` built the plain way, one ``Slot`` call per piece."""
+    columns = (c.tolist() for c in plan.pieces.columns)
+    slots = [Slot(*piece) for piece in zip(*columns, strict=True)]
+    bounds, per_rank = plan.pieces.bounds.tolist(), plan.rows_per_rank
+    rows = [tuple(slots[bounds[g] : bounds[g + 1]]) for g in range(len(bounds) - 1)]
+    return tuple(tuple(rows[r : r + per_rank]) for r in range(0, len(rows), per_rank))
 
 
 def _placement(seed: int) -> str:
