@@ -158,20 +158,24 @@ def _merge_late(pool: list[int], late: list[int], joins: list[int], steps: int) 
     the steps between take ``pool`` in order."""
     taken_at: dict[int, int] = {}
     waiting: list[int] = []  # late ranks that have joined (smaller position = lighter)
-    step, head, k = 0, 0, 0  # head: the next of ``pool``
-    while (waiting or k < len(late)) and step < steps:
+    step = head = k = 0  # head: the next of ``pool``
+    push, pop, first_at = heapq.heappush, heapq.heappop, bisect.bisect_left
+    while step < steps:
         next_join = joins[k] if k < len(late) else steps
-        if waiting:
-            at = step + max(0, bisect.bisect_left(pool, waiting[0]) - head)
-            if at < next_join:
-                head, step = head + at - step, at
-                taken_at[step] = heapq.heappop(waiting)
-                step += 1
-                continue
+        while waiting:  # each the step it comes first at, if before the next join
+            at = step + first_at(pool, waiting[0], head) - head
+            if at >= next_join:
+                break
+            head, step = head + at - step, at
+            taken_at[step] = pop(waiting)
+            step += 1
+        else:
+            if k == len(late):
+                break
         if head + next_join - step > len(pool):  # the pool runs dry before anyone joins
             break
         head, step = head + next_join - step, next_join
         while k < len(late) and joins[k] == next_join:
-            heapq.heappush(waiting, late[k])
+            push(waiting, late[k])
             k += 1
     return taken_at

@@ -13,6 +13,7 @@ SAMPLE-ORDER in the changelog): ``python -m tests.unit.test_plan_digests``.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from msd.plan.balance import hybrid_placement, placement
+from msd.plan.phases import _merge_late
 from msd.plan.schedule import MixChange, Schedule, constant
 from msd.plan.step import (
     EndOfStream,
@@ -232,6 +234,41 @@ def test_plans_are_the_recorded_ones(seed: int, recorded: dict[str, str]) -> Non
 @pytest.mark.parametrize("seed", range(PLACEMENT_CASES))
 def test_placements_are_the_recorded_ones(seed: int, recorded: dict[str, str]) -> None:
     assert _placement(seed) == recorded[f"placement-{seed}"]
+
+
+def _merge_late_one_by_one(
+    pool: list[int], late: list[int], joins: list[int], steps: int
+) -> dict[int, int]:
+    """``_merge_late`` a step at a time: the lightest of the pool's next and the late ranks
+    joined so far."""
+    taken_at: dict[int, int] = {}
+    waiting: list[int] = []
+    head = k = 0
+    for step in range(steps):
+        while k < len(late) and joins[k] <= step:
+            heapq.heappush(waiting, late[k])
+            k += 1
+        if waiting and (head == len(pool) or waiting[0] < pool[head]):
+            taken_at[step] = heapq.heappop(waiting)
+        elif head < len(pool):
+            head += 1
+        else:
+            break
+    return taken_at
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_late_ranks_merge_as_one_by_one(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ranks = rng.permutation(int(rng.integers(1, 60)))
+    is_late = rng.random(len(ranks)) < rng.random()
+    pool = sorted(ranks[~is_late].tolist())
+    steps = int(rng.integers(1, len(ranks) + 5))
+    late = ranks[is_late]
+    joins = rng.integers(1, max(2, steps), len(late))
+    order = np.argsort(joins, kind="stable")
+    args = (pool, late[order].tolist(), joins[order].tolist(), steps)
+    assert _merge_late(*args) == _merge_late_one_by_one(*args)
 
 
 @pytest.mark.parametrize("case", DEMO_CASES)
