@@ -55,15 +55,11 @@ def _split_by_room(
     """The heaps ``fill_least_loaded`` starts from: (load, rank) of the ranks with room for
     ``length`` tokens, and (-room, rank, load) of the others (set aside until a sample short
     enough comes; sorting them out here is much faster than one by one in the loop)."""
-    loads, rooms = phases.loads.tolist(), phases.room.tolist()
-    heap = [
-        (load, r) for r, (load, room) in enumerate(zip(loads, rooms, strict=True)) if room >= length
-    ]
-    aside = [
-        (-room, r, load)
-        for r, (load, room) in enumerate(zip(loads, rooms, strict=True))
-        if room < length
-    ]
+    fits = phases.room >= length
+    ranks, others = np.flatnonzero(fits), np.flatnonzero(~fits)
+    heap = list(zip(phases.loads[ranks].tolist(), ranks.tolist(), strict=True))
+    columns = (-phases.room[others], others, phases.loads[others])
+    aside = list(zip(*(c.tolist() for c in columns), strict=True))
     heapq.heapify(heap)
     heapq.heapify(aside)
     return heap, aside
