@@ -47,6 +47,9 @@ class RowPacker:
 
     def place(self, lengths: Sequence[int]) -> bool:
         """Place every length (as pieces ``count, count+1, ...``) or none of them."""
+        whole = len(lengths) - 1  # a split sample: pieces that each fill an empty row, mostly
+        if whole > 0 and all(length == self.row_tokens for length in lengths[:-1]):
+            return self._place_split(whole, lengths[-1])
         rooms = self.rooms
         moved: list[tuple[int, int]] = []  # (room before, room after) of each piece's row
         for length in lengths:
@@ -59,6 +62,21 @@ class RowPacker:
             self._move(rooms[k], rooms[k] - length, k)
         self.count += len(lengths)
         return True
+
+    def _place_split(self, whole: int, last: int) -> bool:
+        """``place`` of ``whole`` pieces of ``row_tokens`` then one of ``last``: each whole one
+        takes an empty row (best fit has no other choice), the last goes best fit."""
+        full, rows_with = self.row_tokens, self.rows_with
+        if rows_with[full] < whole:  # the empty rows run out first
+            return False
+        for _ in range(whole):
+            self._move(full, 0, len(self.rooms) - 1)
+        if self.place([last]):
+            self.count += whole
+            return True
+        for _ in range(whole):
+            self._move(0, full, 0)
+        return False
 
     def place_each(
         self, lengths: list[int], groups: dict[int, list[int]], misfits: int

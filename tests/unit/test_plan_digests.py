@@ -7,11 +7,13 @@ budget, encoder costs, empty samples, unknown lengths — and hashes every plan,
 state, and every ``NeedData``. ``placement`` is hashed the same way over random batches. The
 digests in ``plan_digests.json`` were recorded from the planner; a change to any plan of any case
 fails here. To record them again (only for a change of the stream that is meant, and tagged
-SAMPLE-ORDER in the changelog): ``python -m tests.unit.test_plan_digests``.
+SAMPLE-ORDER in the changelog): ``python -m tests.unit.test_plan_digests``. Below them, the
+planner's batched shortcuts are checked against the one-at-a-time rule they stand for.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import json
@@ -24,6 +26,7 @@ import pytest
 
 from msd.plan.balance import hybrid_placement, placement
 from msd.plan.phases import _merge_late
+from msd.plan.rows import RowPacker
 from msd.plan.schedule import MixChange, Schedule, constant
 from msd.plan.step import (
     EndOfStream,
@@ -269,6 +272,37 @@ def test_late_ranks_merge_as_one_by_one(seed: int) -> None:
     order = np.argsort(joins, kind="stable")
     args = (pool, late[order].tolist(), joins[order].tolist(), steps)
     assert _merge_late(*args) == _merge_late_one_by_one(*args)
+
+
+def _place_one_by_one(packer: RowPacker, lengths: list[int]) -> bool:
+    """``RowPacker.place`` a piece at a time, undoing the moves if one does not fit."""
+    moved: list[tuple[int, int]] = []
+    for length in lengths:
+        k = bisect.bisect_left(packer.rooms, length)
+        if k == len(packer.rooms):
+            for before, after in reversed(moved):
+                packer._move(after, before)
+            return False
+        room = packer.rooms[k]
+        moved.append((room, room - length))
+        packer._move(room, room - length, k)
+    packer.count += len(lengths)
+    return True
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_groups_are_placed_as_one_piece_at_a_time(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows, row_tokens = int(rng.integers(0, 7)), int(rng.integers(1, 20))
+    ours, reference = RowPacker(rows, row_tokens), RowPacker(rows, row_tokens)
+    for _ in range(30):
+        if rng.random() < 0.6:  # a split sample: whole rows, then the rest
+            group = [row_tokens] * int(rng.integers(1, 4)) + [int(rng.integers(1, row_tokens + 1))]
+        else:
+            group = rng.integers(0, row_tokens + 1, int(rng.integers(1, 4))).tolist()
+        assert ours.place(group) == _place_one_by_one(reference, group)
+        assert (ours.rooms, ours.count) == (reference.rooms, reference.count)
+        assert ours.free_rooms() == reference.free_rooms()
 
 
 @pytest.mark.parametrize("case", DEMO_CASES)
