@@ -305,6 +305,25 @@ def test_groups_are_placed_as_one_piece_at_a_time(seed: int) -> None:
         assert ours.free_rooms() == reference.free_rooms()
 
 
+@pytest.mark.parametrize("linear", [False, True])
+@pytest.mark.parametrize("seed", range(20))
+def test_schedule_weights_are_worked_out_as_at_each_step(seed: int, linear: bool) -> None:
+    """``weights_at`` keeps each stretch between breakpoints: the same as working it out."""
+    rng = np.random.default_rng(seed)
+    points = tuple(
+        tuple(sorted({(0, 1.0)} | {(int(t), float(w)) for t, w in rng.random((2, 2)) * (30, 3)}))
+        for _ in range(int(rng.integers(1, 5)))
+    )
+    points = tuple(tuple(dict(p).items()) for p in points)  # one weight per step
+    changes = tuple(
+        MixChange(int(rng.integers(0, 40)), ((int(rng.integers(len(points))), 0.5),))
+        for _ in range(int(rng.integers(0, 3)))
+    )
+    schedule, fresh = Schedule(points, linear, changes), Schedule(points, linear, changes)
+    for step in rng.permutation(60).tolist() + list(range(60)):
+        assert schedule.weights_at(step) == fresh._weights_at(step)
+
+
 @pytest.mark.parametrize("case", DEMO_CASES)
 def test_demo_steps_are_the_recorded_ones(
     case: tuple[int, int, int, int], recorded: dict[str, str]
