@@ -37,7 +37,7 @@ class SourceDraws:
     draw would (a generator yields the same uniforms one by one or in chunks).
     """
 
-    def __init__(self, rng: np.random.Generator, weights: Sequence[float]) -> None:
+    def __init__(self, rng: np.random.Generator, weights: Sequence[float] | np.ndarray) -> None:
         self.rng, self.weights = rng, weights
         self.uniforms = np.empty(0)  # generated, not yet taken
         self.cum = np.zeros(len(weights))
@@ -58,7 +58,9 @@ class SourceDraws:
         self.uniforms = self.uniforms[count:]
 
 
-def _cumulative(weights: Sequence[float], active: Sequence[bool] | np.ndarray) -> np.ndarray:
+def _cumulative(
+    weights: Sequence[float] | np.ndarray, active: Sequence[bool] | np.ndarray
+) -> np.ndarray:
     return np.cumsum(np.where(np.asarray(active), np.asarray(weights, dtype=np.float64), 0.0))
 
 

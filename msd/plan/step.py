@@ -231,10 +231,9 @@ def _cut(
     return cut, 1, int(n * seq_len < length)
 
 
-def _active(spec: StreamSpec, weights: tuple[float, ...], cursors: np.ndarray) -> np.ndarray:
+def _active(spec: StreamSpec, weights: np.ndarray, cursors: np.ndarray) -> np.ndarray:
     """Which sources can be drawn: a positive weight, and samples left (or repeating)."""
-    positive = np.asarray(weights, dtype=np.float64) > 0
-    return positive & (spec.repeats | (cursors < spec.sizes))
+    return (weights > 0) & (spec.repeats | (cursors < spec.sizes))
 
 
 class _Selection:
@@ -436,7 +435,7 @@ def _select(
     carry = np.array(state.carry, dtype=np.int64).reshape(-1, 2)
     sel.offer(carry[:, 0], carry[:, 1], np.array(lengths, dtype=np.int64), len(lengths) + 1)
     cursors = np.array(state.cursors, dtype=np.int64)
-    weights = spec.schedule.weights_at(state.step)
+    weights = np.asarray(spec.schedule.weights_at(state.step), dtype=np.float64)
     draws = SourceDraws(step_rng(spec.seed, state.step), weights)
     active = _active(spec, weights, cursors)
     draws.set_active(active)
