@@ -93,6 +93,14 @@ def generations(recipe: Recipe, rescales: Sequence[Generation] = ()) -> list[lis
     return table
 
 
+def generations_of(
+    recipe: Recipe, source: int, rescales: Sequence[Generation] = ()
+) -> list[Generation]:
+    """One source's generations, in order (``generations(...)[source]``, without the others)."""
+    first = Generation(source, 0, loaders_of(recipe, source), 0)
+    return [first, *(g for g in rescales if g.source == source)]
+
+
 def span(table: list[list[Generation]], shard: Shard) -> tuple[int | None, int | None, int]:
     """The visits of a shard's generation: (start, stop, loaders); ``stop`` None: open-ended."""
     gens = table[shard.source]

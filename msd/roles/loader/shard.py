@@ -71,10 +71,21 @@ def token_buffer(tokens: list[np.ndarray]) -> np.ndarray:
     return compact.narrowed(buffer) if buffer.size else np.empty(0, np.int32)
 
 
+_peaks: list[tuple[Recipe, tuple[float, ...]]] = []  # the last recipe's, computed once
+
+
+def peak_share(recipe: Recipe, source: int) -> float:
+    """``source``'s largest share of the mix: worked out once for all of a recipe's sources (a
+    loader serving thousands asks once for each, and each answer looks at every source)."""
+    if not _peaks or _peaks[0][0] is not recipe:
+        _peaks[:] = [(recipe, peak_shares(schedule_of(recipe)))]
+    return _peaks[0][1][source]
+
+
 def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
     """Unrouted tokens one of ``loaders`` shards of ``source`` may hold: the read-ahead shared
     out by the source's largest share of the mix, over its shards; at least one row."""
-    peak = peak_shares(schedule_of(recipe))[source]
+    peak = peak_share(recipe, source)
     return max(recipe.seq_len, int(recipe.loader_buffer_tokens * peak / loaders))
 
 
@@ -82,7 +93,7 @@ def shard_bytes(recipe: Recipe, source: int, loaders: int) -> int:
     """Bytes of decoded patches one of ``loaders`` shards of ``source`` may hold unrouted:
     ``buffer_bytes`` shared out like the tokens (a shard holding nothing still reads: at least
     one sample is held whatever the share)."""
-    peak = peak_shares(schedule_of(recipe))[source]
+    peak = peak_share(recipe, source)
     return max(1, int(recipe.loader_buffer_bytes * peak / loaders))
 
 

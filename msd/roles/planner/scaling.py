@@ -12,7 +12,7 @@ from msd.control.rescales import write_rescales
 from msd.control.view import JobObserver
 from msd.jobdir import JobDir
 from msd.plan import autoscale as autoscaling
-from msd.plan.partition import Generation, generations
+from msd.plan.partition import Generation, generations, generations_of
 from msd.plan.schedule import Schedule
 from msd.recipe.schema import Recipe
 from msd.roles.planner.outbox import Outbox
@@ -77,7 +77,7 @@ class Scaling:
         """Record a new generation of a source's loaders (the launcher starts them); a reason
         it cannot be, otherwise."""
         name = self.recipe.sources[source].name
-        gens = generations(self.recipe, self.rescales)[source]
+        gens = generations_of(self.recipe, source, self.rescales)
         if gens[-1].start is None:
             return f"{name} is being rescaled already (generation {gens[-1].number}); wait"
         new = Generation(source, len(gens), loaders, None, consumed, reason)
@@ -134,7 +134,7 @@ class Scaling:
     def maybe_cut(self, source: int) -> None:
         """Once every loader of a source's pending generation is up, ask the current ones
         where they are (``Cut``)."""
-        gens = generations(self.recipe, self.rescales)[source]
+        gens = generations_of(self.recipe, source, self.rescales)
         pending = gens[-1]
         if pending.start is not None or source in self.cut_at:
             return
