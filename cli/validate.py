@@ -3,14 +3,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from msd.control.shortlist import SHOWN, shortlist
-from msd.launch.check import check_sources
+from msd.launch.check import SourceSummary, check_sources
 from msd.launch.long_samples import long_sample_warnings
 from msd.recipe.advice import count_processes, too_many_loaders
 from msd.recipe.load import load_recipe
@@ -46,9 +46,8 @@ def validate(
     table = Table(title=f"{recipe}: valid")
     for column in ("source", "files", "row groups", "rows", "column", "weight", "loaders"):
         table.add_column(column)
-    rows = [{"name": s.name, "weight": s.weight, "summary": s} for s in summaries]
-    shown, rest = shortlist(rows, _heaviest_first, None if every_row else SHOWN)
-    for s in (row["summary"] for row in shown):
+    shown, rest = shortlist(summaries, _heaviest_first, None if every_row else SHOWN)
+    for s in shown:
         table.add_row(
             s.name,
             str(s.files),
@@ -60,8 +59,8 @@ def validate(
         )
     console.print(table)
     if rest:
-        files = sum(row["summary"].files for row in rest)
-        rows_left = sum(row["summary"].rows for row in rest)
+        files = sum(s.files for s in rest)
+        rows_left = sum(s.rows for s in rest)
         line = f"and {len(rest):,} more sources: {files:,} files, {rows_left:,} rows (--all)"
         console.print(Text(line, "dim"))
     for s in summaries:
@@ -72,5 +71,5 @@ def validate(
     warn_long_samples(parsed)
 
 
-def _heaviest_first(row: dict[str, Any]) -> tuple[float, str]:
-    return (-float(row["weight"]), str(row["name"]))
+def _heaviest_first(summary: SourceSummary) -> tuple[float, str]:
+    return (-summary.weight, summary.name)

@@ -79,13 +79,15 @@ class Reader(Generic[T]):
 
     def __init__(
         self,
-        job: str | os.PathLike[str] | None,
-        rank: int | None,
-        world_size: int | None,
-        local_rank: int | None,
-        timeout_s: float,
-        pixels: Literal["uint8", "float"],
+        job: str | os.PathLike[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        local_rank: int | None = None,
+        timeout_s: float = 600.0,
+        pixels: Literal["uint8", "float"] = "uint8",
     ) -> None:
+        """``pixels="float"``: ``pixel_values`` come as float32, scaled to [0, 1] and normalised
+        with the recipe's ``vision.mean``/``std`` (by default they stay uint8, 4× smaller)."""
         if pixels not in ("uint8", "float"):
             raise ValueError(f"pixels must be 'uint8' or 'float', got {pixels!r}")
         root = job if job is not None else os.environ.get("MSD_JOB")
@@ -201,19 +203,6 @@ class NumpyClient(Reader[np.ndarray]):
     """Batches for one trainer rank as numpy arrays (what ``msd.Client`` hands out as torch
     tensors, the same bytes); torch is never imported. State keys: ``version``, ``step``,
     ``fingerprint`` (the same state as ``msd.Client``'s)."""
-
-    def __init__(
-        self,
-        job: str | os.PathLike[str] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        local_rank: int | None = None,
-        timeout_s: float = 600.0,
-        pixels: Literal["uint8", "float"] = "uint8",
-    ) -> None:
-        """``pixels="float"``: ``pixel_values`` come as float32, scaled to [0, 1] and normalised
-        with the recipe's ``vision.mean``/``std`` (by default they stay uint8, 4× smaller)."""
-        super().__init__(job, rank, world_size, local_rank, timeout_s, pixels)
 
     def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> _Arrays:
         return _Arrays(compact.decode(frames, shapes))

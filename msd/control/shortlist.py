@@ -4,16 +4,17 @@ most need a look, and one line summing up the rest (``--all`` and ``--json`` lis
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 SHOWN = 12  # rows of a table on one screen
 
 Row = dict[str, Any]
+T = TypeVar("T")
 
 
 def shortlist(
-    rows: Sequence[Row], key: Callable[[Row], Any], limit: int | None = SHOWN
-) -> tuple[list[Row], list[Row]]:
+    rows: Sequence[T], key: Callable[[T], Any], limit: int | None = SHOWN
+) -> tuple[list[T], list[T]]:
     """(rows to show, rows left out): every row when there are at most ``limit`` (or ``limit``
     is None), in their own order; else the first ``limit`` by ``key``, in that order."""
     if limit is None or len(rows) <= limit:
