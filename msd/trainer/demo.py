@@ -1,8 +1,8 @@
-"""The built-in demo trainer: reads batches with ``msd.Client`` and "computes" for a time
+"""The built-in demo trainer: reads batches with ``msd.NumpyClient`` and "computes" for a time
 proportional to its batch's attention cost (and its vision encoder's), then waits for every
 other rank (``msd.trainer.barrier``, as a data-parallel gradient all-reduce does), so a slow rank
-slows every rank. It reads numpy arrays (``msd.NumpyClient``: the bytes ``msd.Client`` hands out
-as tensors) and never imports torch, so its ranks start in a fraction of a second.
+slows every rank. Its numpy arrays are the bytes ``msd.Client`` hands out as tensors, and it
+never imports torch, so its ranks start in a fraction of a second.
 
 Each step it appends one JSON line to ``JOB/trainer/rank-R.jsonl``: a digest of the batch's
 tensors, the sample and source ids it got, its token count and how long it waited for data;
