@@ -306,7 +306,7 @@ def rejected(view: Any) -> tuple[int, int]:
 def test_garbage_from_a_key_holder_is_dropped_counted_and_changes_nothing(
     tmp_path: Path, small_data: Path, reference: dict
 ) -> None:
-    launcher = launch(tmp_path, small_data, step_ms=150)  # runs on while it is checked
+    launcher = launch(tmp_path, small_data, step_ms=600)  # runs on while it is checked
     job = running(launcher)
     ports = data_ports(launcher, job)
     keys = job.keys()

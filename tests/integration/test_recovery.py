@@ -281,6 +281,7 @@ def test_without_a_shadow_a_loader_silent_past_its_heartbeat_is_waited_for(
     stream of the run without failure and nothing restarted."""
     doc = recipe(small_data)
     doc["loader"] = {"heartbeat_s": 2}
+    doc["trainer"]["demo"]["step_ms"] = 60  # still running when the loader is continued
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = start_launch(tmp_path, "r.yaml", "--json")
     try:
