@@ -9,6 +9,15 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from msd.checkpoint.resume import needed
+from msd.plan.delivery import (
+    Fanout,
+    Placed,
+    RouteTable,
+    by_constructor,
+    placed,
+    route_table,
+    shared,
+)
 from msd.plan.step import NeedData, PlannerState, StepPlan
 from msd.roles.planner.images import ImageBook
 from msd.roles.planner.outbox import Outbox
@@ -16,10 +25,10 @@ from msd.roles.planner.registry import Peer
 from msd.wire.protocol import DISCARD, Meta, Plan, Route, Want
 
 Key = tuple[int, int]  # (source, gpos)
-Routes = dict[bytes, dict[Key, set[int]]]  # loader → what it sends → to which Constructors
-# One piece of a row as a Plan carries it: dp, row, source, gpos, sample id, length, offset,
-# padded length.
-PlanEntry = tuple[int, int, int, int, int, int, int, int]
+# A step's loaders (in order), their Route entries, and the destinations of the samples sent to
+# several Constructors in the order a set of them iterates (what a lost loader's replacement is
+# told to send again follows it).
+Sent = tuple[list[bytes], RouteTable, dict[Key, tuple[int, ...]]]
 
 
 def route_message(step: int, entries: list[tuple[int, int, int]]) -> Route:
@@ -32,21 +41,23 @@ def route_message(step: int, entries: list[tuple[int, int, int]]) -> Route:
     )
 
 
-def plan_message(step: int, entries: list[PlanEntry]) -> Plan:
-    """A Plan of one Constructor's pieces, in packing order."""
-    columns = list(zip(*entries, strict=True)) if entries else [()] * 8
-    dp, row, source, gpos, sample_id, length, offset, padded = (tuple(c) for c in columns)
-    return Plan(
-        step=step,
-        dp=dp,
-        row=row,
-        source=source,
-        gpos=gpos,
-        sample_id=sample_id,
-        length=length,
-        offset=offset,
-        padded=padded,
-    )
+def _numbered(identities: list[bytes]) -> tuple[list[bytes], np.ndarray]:
+    """The distinct identities in order of first appearance, and the number of each entry."""
+    numbers: dict[bytes, int] = {}
+    each = [numbers.setdefault(i, len(numbers)) for i in identities]
+    return list(numbers), np.array(each, dtype=np.int64)
+
+
+def _spread(
+    pieces: Placed, candidates: np.ndarray, dp_constructors: dict[int, set[int]]
+) -> dict[Key, tuple[int, ...]]:
+    """The samples of these pieces sent to several Constructors → those Constructors, as a set
+    of them updated piece by piece iterates."""
+    dests: dict[Key, set[int]] = {}
+    columns = (pieces.source[candidates], pieces.gpos[candidates], pieces.dp[candidates])
+    for source, gpos, dp in zip(*(c.tolist() for c in columns), strict=True):
+        dests.setdefault((source, gpos), set()).update(dp_constructors[dp])
+    return {key: tuple(ds) for key, ds in dests.items() if len(ds) > 1}
 
 
 class StepFigures:
@@ -76,7 +87,7 @@ class Routing:
         self.out = out
         self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {i: {} for i in range(sources)}
         self.images = ImageBook(sources, encoder, seq_len)  # of the samples in ``known``
-        self.inflight: dict[int, Routes] = {}
+        self.inflight: dict[int, Sent] = {}
         self.reroute: dict[Key, tuple[int, tuple[int, ...]]] = {}
         self.wanted: dict[int, int] = {}
         self.blocked: Key | None = None
@@ -149,51 +160,85 @@ class Routing:
         self, plan: StepPlan, dp_constructors: dict[int, set[int]], constructors: list[Peer]
     ) -> StepFigures:
         """Each Constructor its DP ranks' rows; each loader where to send what it holds."""
-        per_constructor: dict[int, list[PlanEntry]] = {}
-        routes: Routes = {}
-        figures = StepFigures(len(self.known))
-        images = self.images if self.images.any() else None  # text jobs look nothing up
-        for dp, rank_rows in enumerate(plan.rows):
-            dests = dp_constructors[dp]
-            for row, slots in enumerate(rank_rows):
-                for slot in slots:
-                    _, sample_id, loader = self.known[slot.source][slot.gpos]
-                    entry = (
-                        dp,
-                        row,
-                        slot.source,
-                        slot.gpos,
-                        sample_id,
-                        slot.length,
-                        slot.offset,
-                        slot.padded,
-                    )
-                    for dest in dests:
-                        per_constructor.setdefault(dest, []).append(entry)
-                    key = (slot.source, slot.gpos)
-                    routes.setdefault(loader, {}).setdefault(key, set()).update(dests)
-                    figures.samples[slot.source] += slot.offset == 0
-                    figures.tokens[slot.source] += slot.length
-                    counted = None if images is None else images.get(slot.source, slot.gpos)
-                    if counted is not None and slot.offset == 0:
-                        figures.images[slot.source] += counted.kept
-                        figures.skipped[slot.source] += counted.skipped
-        for source, gpos in plan.dropped:
-            loader = self.known[source][gpos][2]
-            routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
-        self.inflight[plan.step] = routes  # kept as is: a lost loader's are sent again
-        self._send_routes(plan.step, routes)
-        for index, c in enumerate(constructors):
-            self.out.send(c.identity, plan_message(plan.step, per_constructor.get(index, [])))
+        pieces = placed(plan.pieces.columns, plan.pieces.bounds, plan.rows_per_rank)
+        figures = self._figures(pieces)  # before the images of the samples are forgotten
+        known = self.known
+        keys = zip(pieces.source.tolist(), pieces.gpos.tolist(), strict=True)
+        held = [known[s][g] for s, g in keys]  # (length, sample id, loader) of each piece
+        fanout = Fanout.of(dp_constructors, (len(plan.pieces.bounds) - 1) // plan.rows_per_rank)
+        loaders, table = self._route_table(plan.dropped, pieces, held, fanout)
+        spread = _spread(
+            pieces, shared(pieces.source, pieces.gpos, pieces.dp, fanout), dp_constructors
+        )
+        self.inflight[plan.step] = (loaders, table, spread)  # a lost loader's are sent again
+        self._send_routes(plan.step, loaders, table)
+        grouped = by_constructor(pieces.dp, fanout, len(constructors))
+        self._send_plans(plan.step, pieces, [e[1] for e in held], grouped, constructors)
         return figures
 
-    def _send_routes(self, step: int, routes: Routes) -> None:
-        for loader, by_key in routes.items():  # one Route per loader process
-            for source, gpos in by_key:
-                self.known[source].pop(gpos)
-                self.images.forget(source, gpos)
-            entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
-            self.out.send(loader, route_message(step, entries))
+    def _route_table(
+        self,
+        dropped: tuple[tuple[int, int], ...],
+        pieces: Placed,
+        held: list[tuple[int, int, bytes]],
+        fanout: Fanout,
+    ) -> tuple[list[bytes], RouteTable]:
+        """The loaders, in order of the first piece (then sample dropped) each holds, and the
+        Route entries of each."""
+        owners = [e[2] for e in held] + [self.known[s][g][2] for s, g in dropped]
+        loaders, number = _numbered(owners)
+        at, gone = len(held), np.array(dropped, dtype=np.int64).reshape(-1, 2)
+        columns = (number[:at], pieces.source, pieces.gpos, pieces.dp, fanout)
+        table = route_table(*columns, (number[at:], gone[:, 0], gone[:, 1]), len(loaders))
+        return loaders, table
+
+    def _figures(self, pieces: Placed) -> StepFigures:
+        figures = StepFigures(len(self.known))
+        starts = pieces.offset == 0
+        np.add.at(figures.samples, pieces.source[starts], 1)
+        np.add.at(figures.tokens, pieces.source, pieces.length)
+        if self.images.any():  # text jobs look nothing up
+            first = zip(pieces.source[starts].tolist(), pieces.gpos[starts].tolist(), strict=True)
+            for source, gpos in first:
+                counted = self.images.get(source, gpos)
+                if counted is not None:
+                    figures.images[source] += counted.kept
+                    figures.skipped[source] += counted.skipped
+        return figures
+
+    def _send_routes(self, step: int, loaders: list[bytes], table: RouteTable) -> None:
+        """One Route per loader process; what it is told to send is no longer known here."""
+        for i, loader in enumerate(loaders):
+            source, gpos, dest = (c.tolist() for c in table.entries(i))
+            self.out.send(
+                loader,
+                Route(step=step, source=tuple(source), gpos=tuple(gpos), constructor=tuple(dest)),
+            )
+        forget = self.images.forget if self.images.any() else None
+        known = self.known
+        for source, gpos in zip(*(c.tolist() for c in table.samples()), strict=True):
+            known[source].pop(gpos)
+            if forget is not None:
+                forget(source, gpos)
+
+    def _send_plans(
+        self,
+        step: int,
+        pieces: Placed,
+        sample_ids: list[int],
+        grouped: tuple[np.ndarray, np.ndarray],
+        constructors: list[Peer],
+    ) -> None:
+        """Each Constructor a Plan of its ranks' pieces (none: an empty one)."""
+        index, bounds = grouped
+        ids = [sample_ids[i] for i in index.tolist()]
+        gathered = (c[index].tolist() for c in (pieces.dp, pieces.row, pieces.source, pieces.gpos))
+        tail = (c[index].tolist() for c in (pieces.length, pieces.offset, pieces.padded))
+        columns = [*gathered, ids, *tail]
+        b = bounds.tolist()
+        for c, peer in enumerate(constructors):
+            own = (tuple(column[b[c] : b[c + 1]]) for column in columns)
+            self.out.send(peer.identity, Plan(step, *own))
 
     def on_built(self, step: int) -> None:
         """Every Constructor built the steps before ``step``: their Routes are not needed."""
@@ -203,9 +248,11 @@ class Routing:
     def take_over(self, lost: bytes, sources: Iterable[int]) -> None:
         """A lost loader's samples: what it was told to send goes to those steps again (by its
         replacement), what it reported and held is gone with it."""
-        for step, routes in self.inflight.items():
-            for key, dests in routes.get(lost, {}).items():
-                self.reroute[key] = (step, tuple(dests))
+        for step, (loaders, table, spread) in self.inflight.items():
+            if lost in loaders:
+                for key, dests in table.by_sample(loaders.index(lost)).items():
+                    kept = dests if dests == (DISCARD,) else spread.get(key, dests)
+                    self.reroute[key] = (step, kept)
         for source in sources:
             known = self.known[source]
             for gpos in [g for g, entry in known.items() if entry[2] == lost]:
