@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from msd.plan.step import Pieces
+
 DISCARD = -1  # msd.wire.protocol.DISCARD: the loader forgets the sample
 
 
@@ -28,13 +30,13 @@ class Placed(NamedTuple):
     row: np.ndarray
 
 
-def placed(columns: tuple[np.ndarray, ...], bounds: np.ndarray, rows_per_rank: int) -> Placed:
-    """``Pieces`` (columns, row bounds) as ``Placed``: piece i of global row g has rank
+def placed(pieces: Pieces, rows_per_rank: int) -> Placed:
+    """A plan's pieces in rows, with their rank and row: piece i of global row g has rank
     ``g // rows_per_rank`` and row ``g % rows_per_rank``."""
-    lo, hi = int(bounds[0]), int(bounds[-1])
+    bounds = pieces.bounds
     global_row = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     ranks, rows = np.divmod(global_row, rows_per_rank)
-    source, gpos, length, offset, padded = (c[lo:hi] for c in columns)
+    source, gpos, length, offset, padded = pieces.in_rows()
     return Placed(source, gpos, length, offset, padded, ranks, rows)
 
 

@@ -164,6 +164,11 @@ class Pieces:
     def __hash__(self) -> int:
         return hash(self.bounds.tobytes())
 
+    def in_rows(self) -> tuple[np.ndarray, ...]:
+        """The columns of the pieces that are in rows (those of ``StepPlan.rows``)."""
+        lo, hi = int(self.bounds[0]), int(self.bounds[-1])
+        return tuple(column[lo:hi] for column in self.columns)
+
 
 @dataclass(frozen=True)
 class StepPlan:

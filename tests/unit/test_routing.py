@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
+from msd.plan import delivery
 from msd.plan.step import Pieces, PlannerState, StepPlan
 from msd.roles.planner.outbox import Outbox
 from msd.roles.planner.routing import Routing, StepFigures, route_message
@@ -175,3 +176,7 @@ def test_dispatch_sends_what_the_per_piece_builder_sent(seed):
         again = {key: (3, tuple(dests)) for key, dests in routes.get(lost, {}).items()}
         assert new.reroute == again
         new.reroute.clear()
+
+
+def test_the_pure_module_discards_with_the_protocols_destination():
+    assert delivery.DISCARD == DISCARD

@@ -298,7 +298,8 @@ class PlannerCore:
         registry = self.registry
         figures = self.routing.dispatch(plan, registry.dp_constructors, registry.constructors)
         self.ledger.on_planned(plan, self.state, figures)
-        keys = {(s.source, s.gpos) for s in plan.slots}
+        source, gpos = plan.pieces.in_rows()[:2]
+        keys = zip(source.tolist(), gpos.tolist(), strict=True)
         self.graph.on_assigned(plan.step, keys, carried=self.state.carry)
         truncated = plan.counts.truncated_tokens
         judging.warn_truncated(self.recipe, self.stream.spec, truncated, self.warned_truncated)

@@ -160,7 +160,7 @@ class Routing:
         self, plan: StepPlan, dp_constructors: dict[int, set[int]], constructors: list[Peer]
     ) -> StepFigures:
         """Each Constructor its DP ranks' rows; each loader where to send what it holds."""
-        pieces = placed(plan.pieces.columns, plan.pieces.bounds, plan.rows_per_rank)
+        pieces = placed(plan.pieces, plan.rows_per_rank)
         figures = self._figures(pieces)  # before the images of the samples are forgotten
         known = self.known
         keys = zip(pieces.source.tolist(), pieces.gpos.tolist(), strict=True)
