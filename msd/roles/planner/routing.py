@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from msd.checkpoint.resume import needed
 from msd.plan.delivery import (
     Fanout,
     Placed,
@@ -22,6 +21,7 @@ from msd.plan.step import NeedData, PlannerState, StepPlan
 from msd.roles.planner.images import ImageBook
 from msd.roles.planner.outbox import Outbox
 from msd.roles.planner.registry import Peer
+from msd.roles.planner.reported import Reported
 from msd.wire.protocol import DISCARD, Meta, Plan, Route, Want
 
 Key = tuple[int, int]  # (source, gpos)
@@ -41,11 +41,14 @@ def route_message(step: int, entries: list[tuple[int, int, int]]) -> Route:
     )
 
 
-def _numbered(identities: list[bytes]) -> tuple[list[bytes], np.ndarray]:
-    """The distinct identities in order of first appearance, and the number of each entry."""
-    numbers: dict[bytes, int] = {}
-    each = [numbers.setdefault(i, len(numbers)) for i in identities]
-    return list(numbers), np.array(each, dtype=np.int64)
+def _renumbered(numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct numbers in order of first appearance, and each entry renumbered 0, 1, ...
+    in that order."""
+    distinct, first = np.unique(numbers, return_index=True)
+    order = distinct[np.argsort(first)]
+    local = np.zeros(int(distinct.max(initial=0)) + 1, dtype=np.int64)
+    local[order] = np.arange(len(order))
+    return order, local[numbers]
 
 
 def _spread(
@@ -71,10 +74,11 @@ class StepFigures:
 
 
 class Routing:
-    """State: ``known`` (source → gpos → (length, sample id, loader) reported and not routed
-    yet), ``inflight`` (step not built everywhere → its Routes), ``reroute`` (a lost loader's
-    samples → the step and Constructors they are for), ``wanted`` (source → the furthest
-    position asked for), ``blocked`` (the sample planning waits for)."""
+    """State: ``held`` (the length, sample id and loader of each sample reported and not
+    routed yet; ``lookup`` reads it), ``inflight`` (step not built everywhere → its Routes),
+    ``reroute`` (a lost loader's samples → the step and Constructors they are for),
+    ``wanted`` (source → the furthest position asked for), ``blocked`` (the sample planning
+    waits for)."""
 
     def __init__(
         self,
@@ -85,27 +89,21 @@ class Routing:
     ) -> None:
         """``encoder``: the vision encoder's cost of a sample's images (their patch counts)."""
         self.out = out
-        self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {i: {} for i in range(sources)}
-        self.images = ImageBook(sources, encoder, seq_len)  # of the samples in ``known``
+        self.sources = sources
+        self.held = Reported()
+        self.lookup = self.held  # plan_step's: one length, or many at once
+        self.images = ImageBook(sources, encoder, seq_len)  # of the samples in ``held``
         self.inflight: dict[int, Sent] = {}
         self.reroute: dict[Key, tuple[int, tuple[int, ...]]] = {}
         self.wanted: dict[int, int] = {}
         self.blocked: Key | None = None
-
-    def lookup(self, source: int, gpos: int) -> int | None:
-        """A sample's length, if a loader reported it."""
-        entry = self.known[source].get(gpos)
-        return None if entry is None else entry[0]
 
     def encoder_costs(
         self, sources: np.ndarray, gpos: np.ndarray, lengths: np.ndarray
     ) -> np.ndarray:
         """The encoder's cost of each piece ``lengths`` long of a (source, gpos) sample: the
         sample's, shared out over its pieces by length; 0 for samples without images."""
-        known = self.known
-        full = np.array(
-            [known[s][g][0] for s, g in zip(sources.tolist(), gpos.tolist(), strict=True)]
-        )
+        full = self.held.many(sources, gpos)
         return self.images.encoder_costs(sources, gpos, lengths, full)
 
     def still_blocked(self) -> bool:
@@ -113,7 +111,7 @@ class Routing:
         if self.blocked is None:
             return False
         source, gpos = self.blocked
-        if gpos not in self.known[source]:
+        if self.held(source, gpos) is None:
             return True
         self.blocked = None
         return False
@@ -122,26 +120,39 @@ class Routing:
         """Keep what planning needs; route a lost loader's samples to where they were going;
         tell the loader to discard what was placed already (before a restart, or by a lost
         loader)."""
-        known = self.known[msg.source]
-        kept: list[int] = []
-        unneeded = []
-        rerouted: dict[int, list[tuple[int, int, int]]] = {}
-        for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
-            gpos = msg.gpos_start + offset
-            if (msg.source, gpos) in self.reroute:
-                step, dests = self.reroute.pop((msg.source, gpos))
-                rerouted.setdefault(step, []).extend((msg.source, gpos, d) for d in dests)
-            elif not needed(state, msg.source, gpos):
-                unneeded.append(gpos)
-            else:
-                known[gpos] = (length, sample_id, identity)
-                kept.append(offset)
-        self.images.add(msg, kept)
-        for step, entries in rerouted.items():
-            self.out.send(identity, route_message(step, entries))
-        if unneeded:
-            discard = [(msg.source, g, DISCARD) for g in unneeded]
+        source, start, count = msg.source, msg.gpos_start, len(msg.lengths)
+        gpos = np.arange(start, start + count, dtype=np.int64)
+        rerouted = self._rerouted(source, start, count)
+        needed = gpos >= state.cursors[source]  # as msd.checkpoint.resume.needed
+        needed[
+            [g - start for s, g in state.carry if s == source and start <= g < start + count]
+        ] = True
+        keep, unneeded = needed.copy(), ~needed
+        keep[[g - start for g in rerouted]] = unneeded[[g - start for g in rerouted]] = False
+        lengths = np.array(msg.lengths, dtype=np.int64)[keep]
+        ids = np.array(msg.sample_ids, dtype=np.uint64)[keep]
+        self.held.add(source, gpos[keep], lengths, ids, identity)
+        if msg.images or msg.skipped:
+            self.images.add(msg, np.flatnonzero(keep).tolist())
+        self._send_rerouted(identity, source, rerouted)
+        if unneeded.any():
+            discard = [(source, g, DISCARD) for g in gpos[unneeded].tolist()]
             self.out.send(identity, route_message(start_step, discard))
+
+    def _send_rerouted(self, identity: bytes, source: int, rerouted: list[int]) -> None:
+        """A lost loader's samples, now reported by ``identity``: to the steps they were for."""
+        by_step: dict[int, list[tuple[int, int, int]]] = {}
+        for g in rerouted:
+            step, dests = self.reroute.pop((source, g))
+            by_step.setdefault(step, []).extend((source, g, d) for d in dests)
+        for step, entries in by_step.items():
+            self.out.send(identity, route_message(step, entries))
+
+    def _rerouted(self, source: int, start: int, count: int) -> list[int]:
+        """The positions among these that a lost loader was told to send, ascending."""
+        if not self.reroute:
+            return []
+        return sorted(g for s, g in self.reroute if s == source and start <= g < start + count)
 
     def want(self, need: NeedData, serving: Callable[[int], list[Peer]]) -> None:
         """Tell the loaders of every source planning waits for (or soon will) which position
@@ -162,38 +173,36 @@ class Routing:
         """Each Constructor its DP ranks' rows; each loader where to send what it holds."""
         pieces = placed(plan.pieces, plan.rows_per_rank)
         figures = self._figures(pieces)  # before the images of the samples are forgotten
-        known = self.known
-        keys = zip(pieces.source.tolist(), pieces.gpos.tolist(), strict=True)
-        held = [known[s][g] for s, g in keys]  # (length, sample id, loader) of each piece
+        sample_ids, owners = self.held.held(pieces.source, pieces.gpos)
         fanout = Fanout.of(dp_constructors, (len(plan.pieces.bounds) - 1) // plan.rows_per_rank)
-        loaders, table = self._route_table(plan.dropped, pieces, held, fanout)
-        spread = _spread(
-            pieces, shared(pieces.source, pieces.gpos, pieces.dp, fanout), dp_constructors
-        )
+        loaders, table = self._route_table(plan.dropped, pieces, owners, fanout)
+        shared_pieces = shared(pieces.source, pieces.gpos, pieces.dp, fanout)
+        spread = _spread(pieces, shared_pieces, dp_constructors)
         self.inflight[plan.step] = (loaders, table, spread)  # a lost loader's are sent again
         self._send_routes(plan.step, loaders, table)
         grouped = by_constructor(pieces.dp, fanout, len(constructors))
-        self._send_plans(plan.step, pieces, [e[1] for e in held], grouped, constructors)
+        self._send_plans(plan.step, pieces, sample_ids, grouped, constructors)
         return figures
 
     def _route_table(
         self,
         dropped: tuple[tuple[int, int], ...],
         pieces: Placed,
-        held: list[tuple[int, int, bytes]],
+        owners: np.ndarray,
         fanout: Fanout,
     ) -> tuple[list[bytes], RouteTable]:
         """The loaders, in order of the first piece (then sample dropped) each holds, and the
         Route entries of each."""
-        owners = [e[2] for e in held] + [self.known[s][g][2] for s, g in dropped]
-        loaders, number = _numbered(owners)
-        at, gone = len(held), np.array(dropped, dtype=np.int64).reshape(-1, 2)
+        gone = np.array(dropped, dtype=np.int64).reshape(-1, 2)
+        _, dropped_owners = self.held.held(gone[:, 0], gone[:, 1])
+        order, number = _renumbered(np.concatenate((owners, dropped_owners)))
+        at, loaders = len(owners), [self.held.loaders[n] for n in order.tolist()]
         columns = (number[:at], pieces.source, pieces.gpos, pieces.dp, fanout)
         table = route_table(*columns, (number[at:], gone[:, 0], gone[:, 1]), len(loaders))
         return loaders, table
 
     def _figures(self, pieces: Placed) -> StepFigures:
-        figures = StepFigures(len(self.known))
+        figures = StepFigures(self.sources)
         starts = pieces.offset == 0
         np.add.at(figures.samples, pieces.source[starts], 1)
         np.add.at(figures.tokens, pieces.source, pieces.length)
@@ -214,24 +223,23 @@ class Routing:
                 loader,
                 Route(step=step, source=tuple(source), gpos=tuple(gpos), constructor=tuple(dest)),
             )
-        forget = self.images.forget if self.images.any() else None
-        known = self.known
-        for source, gpos in zip(*(c.tolist() for c in table.samples()), strict=True):
-            known[source].pop(gpos)
-            if forget is not None:
-                forget(source, gpos)
+        routed = table.samples()
+        self.held.remove(*routed)
+        if self.images.any():
+            for source, gpos in zip(*(c.tolist() for c in routed), strict=True):
+                self.images.forget(source, gpos)
 
     def _send_plans(
         self,
         step: int,
         pieces: Placed,
-        sample_ids: list[int],
+        sample_ids: np.ndarray,
         grouped: tuple[np.ndarray, np.ndarray],
         constructors: list[Peer],
     ) -> None:
         """Each Constructor a Plan of its ranks' pieces (none: an empty one)."""
         index, bounds = grouped
-        ids = [sample_ids[i] for i in index.tolist()]
+        ids = sample_ids[index].tolist()
         gathered = (c[index].tolist() for c in (pieces.dp, pieces.row, pieces.source, pieces.gpos))
         tail = (c[index].tolist() for c in (pieces.length, pieces.offset, pieces.padded))
         columns = [*gathered, ids, *tail]
@@ -254,9 +262,7 @@ class Routing:
                     kept = dests if dests == (DISCARD,) else spread.get(key, dests)
                     self.reroute[key] = (step, kept)
         for source in sources:
-            known = self.known[source]
-            for gpos in [g for g, entry in known.items() if entry[2] == lost]:
-                del known[gpos]
+            for gpos in self.held.remove_loader(source, lost):
                 self.images.forget(source, gpos)
         self.blocked = None
 
@@ -275,4 +281,4 @@ class Routing:
 
     def reported(self) -> int:
         """Samples reported and not routed yet."""
-        return sum(len(k) for k in self.known.values())
+        return self.held.count
