@@ -12,8 +12,8 @@ demo mixture (web / code / books, weights 0.5 / 0.3 / 0.2, ``repeat``), rows of 
 tokens, longer samples split. The points with 1,000 sources add 997 small ones (weight
 ``SMALL_WEIGHT`` each, lengths like the demo's): a step draws from a few dozen of them, and
 costs about what it costs with the three alone. The lookup reads the lengths from numpy arrays
-(``msd.synth.sample_lengths``) turned into lists once: about as cheap as the Planner's own (a
-dict lookup).
+(``msd.synth.sample_lengths``) a chunk of draws at once (``many``), as the Planner's own does
+(``msd.roles.planner.reported``).
 
 For each point: plan a few steps to warm up, then time consecutive steps (``gc.collect()``
 before each), median wall clock and CPU time of the thread. ``plan_step`` returns the plan as
@@ -78,8 +78,7 @@ SMALL_WEIGHT = 1e-6
 
 
 def stream(dp: int, micro_batches: int, rows: int, sources: int = 3) -> tuple[StreamSpec, Any]:
-    pools = [pool.tolist() for pool in POOLS]
-    tables = [pools[s % len(pools)] for s in range(sources)]
+    tables = [POOLS[s % len(POOLS)] for s in range(sources)]
     spec = StreamSpec(
         seed=0,
         schedule=constant(MIX + (SMALL_WEIGHT,) * (sources - len(MIX))),
@@ -91,13 +90,28 @@ def stream(dp: int, micro_batches: int, rows: int, sources: int = 3) -> tuple[St
         seq_len=SEQ_LEN,
         steps=None,
     )
-    sizes = [len(t) for t in tables]
+    return spec, PoolLookup(tables)
 
-    def lookup(source: int, gpos: int) -> int:
-        length: int = tables[source][gpos % sizes[source]]
-        return length
 
-    return spec, lookup
+class PoolLookup:
+    """Every sample's length, from the pools (repeated): one, or many at once."""
+
+    def __init__(self, pools: list[np.ndarray]) -> None:
+        self.pools = pools
+        lists = {id(pool): pool.tolist() for pool in pools}  # the pools are shared
+        self.lists = [lists[id(pool)] for pool in pools]
+
+    def __call__(self, source: int, gpos: int) -> int:
+        table: list[int] = self.lists[source]
+        return table[gpos % len(table)]
+
+    def many(self, sources: np.ndarray, gpos: np.ndarray) -> np.ndarray:
+        found = np.empty(len(gpos), dtype=np.int64)
+        for source in np.unique(sources).tolist():
+            which = sources == source
+            pool = self.pools[source]
+            found[which] = pool[gpos[which] % len(pool)]
+        return found
 
 
 def draw_lengths(rng: np.random.Generator, count: int, seq_len: int) -> np.ndarray:
