@@ -17,8 +17,9 @@ costs about what it costs with the three alone. The lookup reads the lengths fro
 
 For each point: plan a few steps to warm up, then time consecutive steps (``gc.collect()``
 before each), median wall clock and CPU time of the thread. ``plan_step`` returns the plan as
-arrays; building its ``Slot`` objects (``plan.rows``, done by the Planner on first use) is timed
-on its own. The split (selection / balance) times the two halves of ``plan_step`` separately.
+arrays; building its ``Slot`` objects (``plan.rows``, which the Planner no longer reads: it
+works on the columns) is timed on its own. The split (selection / balance) times the two
+halves of ``plan_step`` separately.
 """
 
 from __future__ import annotations
@@ -242,9 +243,9 @@ def tables(result: dict[str, Any]) -> list[str]:
         "",
         f"Demo mixture, rows of {SEQ_LEN} tokens, `greedy`; the median over consecutive steps of "
         "the CPU time of the thread (wall clock in brackets), after a `gc.collect()`. `plan_step` "
-        "returns the plan as arrays; `rows` is building its `Slot` objects, which the Planner "
-        "does on first use. Selection (draw, look up, pack rows) and balance are also timed on "
-        "their own.",
+        "returns the plan as arrays; `rows` is building its `Slot` objects, which only a caller "
+        "reading `plan.rows` pays (the Planner reads the columns). Selection (draw, look up, "
+        "pack rows) and balance are also timed on their own.",
         "",
         *_table(result["targets"]),
     ]

@@ -14,7 +14,8 @@ reported) is asked a chunk of draws at once.
 
 For speed, draws are made, looked up and packed a chunk at a time (``SourceDraws``,
 ``RowPacker.place_each``), with the same result as one at a time; the plan keeps its pieces as
-columns (``Pieces``) and builds the ``Slot`` objects of ``StepPlan.rows`` when first read.
+columns (``Pieces``) and builds the ``Slot`` objects of ``StepPlan.rows`` only when read (the
+Planner itself reads the columns).
 """
 
 from __future__ import annotations
