@@ -14,6 +14,7 @@ import numpy as np
 ABSENT = -1  # the length of a position not reported (or routed already)
 SHIFT = 10
 BLOCK = 1 << SHIFT
+FEW = 256  # draws looked up one by one (fewer than this, numpy's fixed costs dominate)
 
 
 class _Block:
@@ -69,6 +70,9 @@ class Reported:
 
     def many(self, sources: np.ndarray, gpos: np.ndarray) -> np.ndarray:
         """The length of each (source, gpos); ``ABSENT`` where not held."""
+        if len(gpos) < FEW:  # grouping costs more than it saves
+            each = map(self, sources.tolist(), gpos.tolist())
+            return np.array([ABSENT if n is None else n for n in each], dtype=np.int64)
         found = np.full(len(gpos), ABSENT, dtype=np.int64)
         for source, b, which, offsets in _groups(sources, gpos):
             block = self.blocks.get((source, b))
