@@ -40,6 +40,7 @@ from msd.plan.balance import METHODS, balance
 from msd.plan.cost import sample_cost
 from msd.plan.schedule import constant
 from msd.plan.step import PlannerState, StepPlan, StreamSpec, plan_step
+from msd.roles.planner.reported import FEW
 from msd.synth import DEFAULT_SOURCES, sample_lengths
 
 MIX = (0.5, 0.3, 0.2)
@@ -107,6 +108,8 @@ class PoolLookup:
         return table[gpos % len(table)]
 
     def many(self, sources: np.ndarray, gpos: np.ndarray) -> np.ndarray:
+        if len(gpos) < FEW:  # as the Planner's: one by one
+            return np.array(list(map(self, sources.tolist(), gpos.tolist())), dtype=np.int64)
         found = np.empty(len(gpos), dtype=np.int64)
         for source in np.unique(sources).tolist():
             which = sources == source
