@@ -172,6 +172,11 @@ class Pieces:
         lo, hi = int(self.bounds[0]), int(self.bounds[-1])
         return tuple(column[lo:hi] for column in self.columns)
 
+    def keys(self) -> np.ndarray:
+        """The (source, gpos) of each piece in rows, as the rows of an array."""
+        source, gpos = self.in_rows()[:2]
+        return np.stack((source, gpos), axis=1)
+
 
 @dataclass(frozen=True)
 class StepPlan:

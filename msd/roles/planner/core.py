@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from msd import logs
 from msd.control.metrics import Histogram
 from msd.control.rescales import load_rescales
@@ -300,8 +298,7 @@ class PlannerCore:
         registry = self.registry
         figures = self.routing.dispatch(plan, registry.dp_constructors, registry.constructors)
         self.ledger.on_planned(plan, self.state, figures)
-        source, gpos = plan.pieces.in_rows()[:2]
-        self.graph.on_assigned(plan.step, np.stack((source, gpos), axis=1), self.state.carry)
+        self.graph.on_assigned(plan.step, plan.pieces.keys(), self.state.carry)
         truncated = plan.counts.truncated_tokens
         judging.warn_truncated(self.recipe, self.stream.spec, truncated, self.warned_truncated)
 
