@@ -12,13 +12,14 @@ demo mixture (web / code / books, weights 0.5 / 0.3 / 0.2, ``repeat``), rows of 
 tokens, longer samples split. The points with 1,000 sources add 997 small ones (weight
 ``SMALL_WEIGHT`` each, lengths like the demo's): a step draws from a few dozen of them, and
 costs about what it costs with the three alone. The lookup reads the lengths from numpy arrays
-(``msd.synth.sample_lengths``) turned into lists once: about as cheap as the Planner's own (a
-dict lookup).
+(``msd.synth.sample_lengths``) a chunk of draws at once (``many``), as the Planner's own does
+(``msd.roles.planner.reported``).
 
 For each point: plan a few steps to warm up, then time consecutive steps (``gc.collect()``
 before each), median wall clock and CPU time of the thread. ``plan_step`` returns the plan as
-arrays; building its ``Slot`` objects (``plan.rows``, done by the Planner on first use) is timed
-on its own. The split (selection / balance) times the two halves of ``plan_step`` separately.
+arrays; building its ``Slot`` objects (``plan.rows``, which the Planner no longer reads: it
+works on the columns) is timed on its own. The split (selection / balance) times the two
+halves of ``plan_step`` separately.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from msd.plan.balance import METHODS, balance
 from msd.plan.cost import sample_cost
 from msd.plan.schedule import constant
 from msd.plan.step import PlannerState, StepPlan, StreamSpec, plan_step
+from msd.roles.planner.reported import FEW
 from msd.synth import DEFAULT_SOURCES, sample_lengths
 
 MIX = (0.5, 0.3, 0.2)
@@ -78,8 +80,7 @@ SMALL_WEIGHT = 1e-6
 
 
 def stream(dp: int, micro_batches: int, rows: int, sources: int = 3) -> tuple[StreamSpec, Any]:
-    pools = [pool.tolist() for pool in POOLS]
-    tables = [pools[s % len(pools)] for s in range(sources)]
+    tables = [POOLS[s % len(POOLS)] for s in range(sources)]
     spec = StreamSpec(
         seed=0,
         schedule=constant(MIX + (SMALL_WEIGHT,) * (sources - len(MIX))),
@@ -91,13 +92,30 @@ def stream(dp: int, micro_batches: int, rows: int, sources: int = 3) -> tuple[St
         seq_len=SEQ_LEN,
         steps=None,
     )
-    sizes = [len(t) for t in tables]
+    return spec, PoolLookup(tables)
 
-    def lookup(source: int, gpos: int) -> int:
-        length: int = tables[source][gpos % sizes[source]]
-        return length
 
-    return spec, lookup
+class PoolLookup:
+    """Every sample's length, from the pools (repeated): one, or many at once."""
+
+    def __init__(self, pools: list[np.ndarray]) -> None:
+        self.pools = pools
+        lists = {id(pool): pool.tolist() for pool in pools}  # the pools are shared
+        self.lists = [lists[id(pool)] for pool in pools]
+
+    def __call__(self, source: int, gpos: int) -> int:
+        table: list[int] = self.lists[source]
+        return table[gpos % len(table)]
+
+    def many(self, sources: np.ndarray, gpos: np.ndarray) -> np.ndarray:
+        if len(gpos) < FEW:  # as the Planner's: one by one
+            return np.array(list(map(self, sources.tolist(), gpos.tolist())), dtype=np.int64)
+        found = np.empty(len(gpos), dtype=np.int64)
+        for source in np.unique(sources).tolist():
+            which = sources == source
+            pool = self.pools[source]
+            found[which] = pool[gpos[which] % len(pool)]
+        return found
 
 
 def draw_lengths(rng: np.random.Generator, count: int, seq_len: int) -> np.ndarray:
@@ -228,9 +246,9 @@ def tables(result: dict[str, Any]) -> list[str]:
         "",
         f"Demo mixture, rows of {SEQ_LEN} tokens, `greedy`; the median over consecutive steps of "
         "the CPU time of the thread (wall clock in brackets), after a `gc.collect()`. `plan_step` "
-        "returns the plan as arrays; `rows` is building its `Slot` objects, which the Planner "
-        "does on first use. Selection (draw, look up, pack rows) and balance are also timed on "
-        "their own.",
+        "returns the plan as arrays; `rows` is building its `Slot` objects, which only a caller "
+        "reading `plan.rows` pays (the Planner reads the columns). Selection (draw, look up, "
+        "pack rows) and balance are also timed on their own.",
         "",
         *_table(result["targets"]),
     ]

@@ -16,6 +16,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 STATES = ("loaded", "planned", "assigned", "delivered", "consumed")
 
 Key = tuple[int, int]  # (source, global position)
@@ -23,26 +25,39 @@ Key = tuple[int, int]  # (source, global position)
 
 @dataclass
 class _Step:
-    keys: frozenset[Key]
+    keys: np.ndarray  # (source, gpos) rows, distinct, sorted
     state: str = "assigned"
+
+    def holds(self, key: Key) -> bool:
+        return bool(np.any((self.keys[:, 0] == key[0]) & (self.keys[:, 1] == key[1])))
+
+
+def _distinct(keys: np.ndarray | Iterable[Key]) -> np.ndarray:
+    """(source, gpos) rows, once each, sorted."""
+    rows = np.asarray(keys if isinstance(keys, np.ndarray) else list(keys), dtype=np.int64)
+    rows = rows.reshape(-1, 2)
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = np.any(rows[1:] != rows[:-1], axis=1)
+    return rows[new]
 
 
 class SampleGraph:
-    """Where each recent sample is. Keys: (source, gpos)."""
+    """Where each recent sample is. Keys: (source, gpos); a step's as an array (one per sample,
+    tens of thousands a step at thousands of ranks)."""
 
     def __init__(self, window: int = 64) -> None:
         self.window = window
         self.steps: OrderedDict[int, _Step] = OrderedDict()
-        self.where: dict[Key, int] = {}
         self.planned: frozenset[Key] = frozenset()
 
-    def on_assigned(self, step: int, keys: Iterable[Key], carried: Iterable[Key]) -> None:
-        """``step`` is planned with ``keys``; ``carried`` were drawn but wait for the next."""
-        record = _Step(frozenset(keys))
-        self.steps[step] = record
+    def on_assigned(
+        self, step: int, keys: np.ndarray | Iterable[Key], carried: Iterable[Key]
+    ) -> None:
+        """``step`` is planned with ``keys`` ((source, gpos) pairs, or rows of an array);
+        ``carried`` were drawn but wait for the next."""
+        self.steps[step] = _Step(_distinct(keys))
         self.planned = frozenset(carried)
-        for key in record.keys:
-            self.where[key] = step
 
     def on_delivered(self, upto: int) -> None:
         """Every step before ``upto`` is built."""
@@ -53,9 +68,7 @@ class SampleGraph:
         self._advance(upto, "delivered", "consumed")
         self._advance(upto, "assigned", "consumed")
         while self.steps and next(iter(self.steps)) < upto - self.window:
-            _, old = self.steps.popitem(last=False)
-            for key in old.keys:
-                del self.where[key]
+            self.steps.popitem(last=False)
 
     def _advance(self, upto: int, old: str, new: str) -> None:
         for step, record in self.steps.items():
@@ -66,8 +79,10 @@ class SampleGraph:
         """The state of a sample, or None if it is outside the window (or not loaded yet)."""
         if key in self.planned:
             return "planned"
-        step = self.where.get(key)
-        return None if step is None else self.steps[step].state
+        for record in reversed(self.steps.values()):  # the latest step that holds it
+            if record.holds(key):
+                return record.state
+        return None
 
     def counts(self, reported: int) -> dict[str, int]:
         """Samples per state; ``reported``: lengths known to the Planner and not yet assigned."""

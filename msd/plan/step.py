@@ -8,11 +8,14 @@ lengths) only — never on timing, on how many loaders there are, or on how many
 The step's samples are then balanced over data-parallel ranks and micro-batches.
 
 ``lookup(source, gpos)`` returns the length of a sample once its loader has reported it, or
-None; then planning answers ``NeedData`` and is simply retried later with the same state.
+None; then planning answers ``NeedData`` and is simply retried later with the same state. A
+lookup that also has ``many(sources, gpos)`` (the lengths of many draws, -1 for those not
+reported) is asked a chunk of draws at once.
 
 For speed, draws are made, looked up and packed a chunk at a time (``SourceDraws``,
 ``RowPacker.place_each``), with the same result as one at a time; the plan keeps its pieces as
-columns (``Pieces``) and builds the ``Slot`` objects of ``StepPlan.rows`` when first read.
+columns (``Pieces``) and builds the ``Slot`` objects of ``StepPlan.rows`` only when read (the
+Planner itself reads the columns).
 """
 
 from __future__ import annotations
@@ -163,6 +166,16 @@ class Pieces:
 
     def __hash__(self) -> int:
         return hash(self.bounds.tobytes())
+
+    def in_rows(self) -> tuple[np.ndarray, ...]:
+        """The columns of the pieces that are in rows (those of ``StepPlan.rows``)."""
+        lo, hi = int(self.bounds[0]), int(self.bounds[-1])
+        return tuple(column[lo:hi] for column in self.columns)
+
+    def keys(self) -> np.ndarray:
+        """The (source, gpos) of each piece in rows, as the rows of an array."""
+        source, gpos = self.in_rows()[:2]
+        return np.stack((source, gpos), axis=1)
 
 
 @dataclass(frozen=True)
@@ -420,6 +433,23 @@ def _positions(sources: np.ndarray, cursors: np.ndarray) -> np.ndarray:
     return gpos
 
 
+def _look_up(lookup: Lookup, sources: np.ndarray, gpos: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """The lengths of these draws up to the first unknown one, and where the unknown ones are.
+    A lookup with a ``many(sources, gpos)`` method (lengths, -1 where unknown) answers all at
+    once."""
+    many = getattr(lookup, "many", None)
+    if many is not None:
+        found = np.asarray(many(sources, gpos), dtype=np.int64)
+        missing = np.flatnonzero(found < 0)
+        return found[: missing[0] if len(missing) else len(found)], missing.tolist()
+    lengths = list(map(lookup, sources.tolist(), gpos.tolist()))
+    if None not in lengths:
+        return np.array(lengths, dtype=np.int64), []
+    known = lengths.index(None)
+    unknown = [j for j in range(known, len(lengths)) if lengths[j] is None]
+    return np.array(lengths[:known], dtype=np.int64), unknown
+
+
 def _select(
     spec: StreamSpec, state: PlannerState, lookup: Lookup, patches: PatchCount | None = None
 ) -> tuple[_Selection, list[int]] | NeedData:
@@ -444,13 +474,11 @@ def _select(
         gpos = _positions(sources, cursors)
         cut = _until_exhausted(spec, sources, gpos)
         sources, gpos = sources[:cut], gpos[:cut]
-        lengths = list(map(lookup, sources.tolist(), gpos.tolist()))
-        known = lengths.index(None) if None in lengths else len(lengths)
-        lens = np.array(lengths[:known], dtype=np.int64)
+        lens, unknown = _look_up(lookup, sources, gpos)
+        known = len(lens)
         lens = lens[: sel.within_empty_limit(lens)]
         offered = sel.offer(sources, gpos, lens, spec.carry_limit - len(sel.misfits))
-        if offered == known < len(lengths) and not sel.closed:
-            unknown = [j for j in range(known, len(lengths)) if lengths[j] is None]
+        if offered == known < len(sources) and not sel.closed:
             soon = tuple(zip(sources[unknown].tolist(), gpos[unknown].tolist(), strict=True))
             return NeedData(int(sources[known]), int(gpos[known]), soon)
         draws.advance(offered)

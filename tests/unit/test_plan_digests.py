@@ -17,7 +17,7 @@ import bisect
 import hashlib
 import heapq
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,21 @@ def _case(seed: int) -> dict[str, Any]:
     }
 
 
-def _run(case: dict[str, Any]) -> str:
+class _Many:
+    """A lookup that also answers a chunk of draws at once (as the Planner's does)."""
+
+    def __init__(self, one: Callable[[int, int], int | None]) -> None:
+        self.one = one
+
+    def __call__(self, source: int, gpos: int) -> int | None:
+        return self.one(source, gpos)
+
+    def many(self, sources: np.ndarray, gpos: np.ndarray) -> np.ndarray:
+        found = map(self.one, sources.tolist(), gpos.tolist())
+        return np.array([-1 if n is None else n for n in found], dtype=np.int64)
+
+
+def _run(case: dict[str, Any], many: bool = False) -> str:
     spec: StreamSpec = case["spec"]
     tables, patch_tables, unknown = case["tables"], case["patches"], case["unknown"]
 
@@ -123,7 +137,7 @@ def _run(case: dict[str, Any]) -> str:
         result = plan_step(
             spec,
             state,
-            lookup,
+            _Many(lookup) if many else lookup,
             encoder if case["encoder"] else None,
             patches if spec.max_patches is not None else None,
         )
@@ -232,6 +246,11 @@ def recorded() -> dict[str, str]:
 @pytest.mark.parametrize("seed", range(STEP_CASES))
 def test_plans_are_the_recorded_ones(seed: int, recorded: dict[str, str]) -> None:
     assert _run(_case(seed)) == recorded[f"step-{seed}"]
+
+
+@pytest.mark.parametrize("seed", range(0, STEP_CASES, 4))
+def test_a_lookup_of_many_draws_at_once_plans_the_same(seed: int, recorded: dict[str, str]):
+    assert _run(_case(seed), many=True) == recorded[f"step-{seed}"]
 
 
 @pytest.mark.parametrize("seed", range(PLACEMENT_CASES))

@@ -305,8 +305,7 @@ class PlannerCore:
         registry = self.registry
         figures = self.routing.dispatch(plan, registry.dp_constructors, registry.constructors)
         self.ledger.on_planned(plan, self.state, figures)
-        keys = {(s.source, s.gpos) for s in plan.slots}
-        self.graph.on_assigned(plan.step, keys, carried=self.state.carry)
+        self.graph.on_assigned(plan.step, plan.pieces.keys(), self.state.carry)
         truncated = plan.counts.truncated_tokens
         judging.warn_truncated(self.recipe, self.stream.spec, truncated, self.warned_truncated)
 

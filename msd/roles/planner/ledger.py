@@ -65,7 +65,7 @@ class Ledger:
     def on_planned(self, plan: StepPlan, after: PlannerState, figures: StepFigures) -> None:
         """A step was planned: the state after it and what it delivers, until consumed."""
         self.states[after.step] = after
-        self.step_tokens[plan.step] = sum(s.length for s in plan.slots)
+        self.step_tokens[plan.step] = int(figures.tokens.sum())
         self.step_figures[plan.step] = figures
         done = plan.counts
         skipped = _nonzero(figures.skipped)

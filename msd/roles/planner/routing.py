@@ -8,18 +8,27 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from msd.checkpoint.resume import needed
+from msd.plan.delivery import (
+    Fanout,
+    Placed,
+    RouteTable,
+    by_constructor,
+    placed,
+    route_table,
+    shared,
+)
 from msd.plan.step import NeedData, PlannerState, StepPlan
 from msd.roles.planner.images import ImageBook
 from msd.roles.planner.outbox import Outbox
 from msd.roles.planner.registry import Peer
+from msd.roles.planner.reported import Reported
 from msd.wire.protocol import DISCARD, Meta, Plan, Route, Want
 
 Key = tuple[int, int]  # (source, gpos)
-Routes = dict[bytes, dict[Key, set[int]]]  # loader → what it sends → to which Constructors
-# One piece of a row as a Plan carries it: dp, row, source, gpos, sample id, length, offset,
-# padded length.
-PlanEntry = tuple[int, int, int, int, int, int, int, int]
+# A step's loaders (in order), their Route entries, and the destinations of the samples sent to
+# several Constructors in the order a set of them iterates (what a lost loader's replacement is
+# told to send again follows it).
+Sent = tuple[list[bytes], RouteTable, dict[Key, tuple[int, ...]]]
 
 
 def route_message(step: int, entries: list[tuple[int, int, int]]) -> Route:
@@ -32,21 +41,26 @@ def route_message(step: int, entries: list[tuple[int, int, int]]) -> Route:
     )
 
 
-def plan_message(step: int, entries: list[PlanEntry]) -> Plan:
-    """A Plan of one Constructor's pieces, in packing order."""
-    columns = list(zip(*entries, strict=True)) if entries else [()] * 8
-    dp, row, source, gpos, sample_id, length, offset, padded = (tuple(c) for c in columns)
-    return Plan(
-        step=step,
-        dp=dp,
-        row=row,
-        source=source,
-        gpos=gpos,
-        sample_id=sample_id,
-        length=length,
-        offset=offset,
-        padded=padded,
-    )
+def _renumbered(numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct numbers in order of first appearance, and each entry renumbered 0, 1, ...
+    in that order."""
+    distinct, first = np.unique(numbers, return_index=True)
+    order = distinct[np.argsort(first)]
+    local = np.zeros(int(distinct.max(initial=0)) + 1, dtype=np.int64)
+    local[order] = np.arange(len(order))
+    return order, local[numbers]
+
+
+def _spread(
+    pieces: Placed, candidates: np.ndarray, dp_constructors: dict[int, set[int]]
+) -> dict[Key, tuple[int, ...]]:
+    """The samples of these pieces sent to several Constructors → those Constructors, as a set
+    of them updated piece by piece iterates."""
+    dests: dict[Key, set[int]] = {}
+    columns = (pieces.source[candidates], pieces.gpos[candidates], pieces.dp[candidates])
+    for source, gpos, dp in zip(*(c.tolist() for c in columns), strict=True):
+        dests.setdefault((source, gpos), set()).update(dp_constructors[dp])
+    return {key: tuple(ds) for key, ds in dests.items() if len(ds) > 1}
 
 
 class StepFigures:
@@ -60,10 +74,11 @@ class StepFigures:
 
 
 class Routing:
-    """State: ``known`` (source → gpos → (length, sample id, loader) reported and not routed
-    yet), ``inflight`` (step not built everywhere → its Routes), ``reroute`` (a lost loader's
-    samples → the step and Constructors they are for), ``wanted`` (source → the furthest
-    position asked for), ``blocked`` (the sample planning waits for)."""
+    """State: ``held`` (the length, sample id and loader of each sample reported and not
+    routed yet; ``lookup`` reads it), ``inflight`` (step not built everywhere → its Routes),
+    ``reroute`` (a lost loader's samples → the step and Constructors they are for),
+    ``wanted`` (source → the furthest position asked for), ``blocked`` (the sample planning
+    waits for)."""
 
     def __init__(
         self,
@@ -74,27 +89,21 @@ class Routing:
     ) -> None:
         """``encoder``: the vision encoder's cost of a sample's images (their patch counts)."""
         self.out = out
-        self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {i: {} for i in range(sources)}
-        self.images = ImageBook(sources, encoder, seq_len)  # of the samples in ``known``
-        self.inflight: dict[int, Routes] = {}
+        self.sources = sources
+        self.held = Reported()
+        self.lookup = self.held  # plan_step's: one length, or many at once
+        self.images = ImageBook(sources, encoder, seq_len)  # of the samples in ``held``
+        self.inflight: dict[int, Sent] = {}
         self.reroute: dict[Key, tuple[int, tuple[int, ...]]] = {}
         self.wanted: dict[int, int] = {}
         self.blocked: Key | None = None
-
-    def lookup(self, source: int, gpos: int) -> int | None:
-        """A sample's length, if a loader reported it."""
-        entry = self.known[source].get(gpos)
-        return None if entry is None else entry[0]
 
     def encoder_costs(
         self, sources: np.ndarray, gpos: np.ndarray, lengths: np.ndarray
     ) -> np.ndarray:
         """The encoder's cost of each piece ``lengths`` long of a (source, gpos) sample: the
         sample's, shared out over its pieces by length; 0 for samples without images."""
-        known = self.known
-        full = np.array(
-            [known[s][g][0] for s, g in zip(sources.tolist(), gpos.tolist(), strict=True)]
-        )
+        full = self.held.many(sources, gpos)
         return self.images.encoder_costs(sources, gpos, lengths, full)
 
     def still_blocked(self) -> bool:
@@ -102,7 +111,7 @@ class Routing:
         if self.blocked is None:
             return False
         source, gpos = self.blocked
-        if gpos not in self.known[source]:
+        if self.held(source, gpos) is None:
             return True
         self.blocked = None
         return False
@@ -111,26 +120,39 @@ class Routing:
         """Keep what planning needs; route a lost loader's samples to where they were going;
         tell the loader to discard what was placed already (before a restart, or by a lost
         loader)."""
-        known = self.known[msg.source]
-        kept: list[int] = []
-        unneeded = []
-        rerouted: dict[int, list[tuple[int, int, int]]] = {}
-        for offset, (length, sample_id) in enumerate(zip(msg.lengths, msg.sample_ids, strict=True)):
-            gpos = msg.gpos_start + offset
-            if (msg.source, gpos) in self.reroute:
-                step, dests = self.reroute.pop((msg.source, gpos))
-                rerouted.setdefault(step, []).extend((msg.source, gpos, d) for d in dests)
-            elif not needed(state, msg.source, gpos):
-                unneeded.append(gpos)
-            else:
-                known[gpos] = (length, sample_id, identity)
-                kept.append(offset)
-        self.images.add(msg, kept)
-        for step, entries in rerouted.items():
-            self.out.send(identity, route_message(step, entries))
-        if unneeded:
-            discard = [(msg.source, g, DISCARD) for g in unneeded]
+        source, start, count = msg.source, msg.gpos_start, len(msg.lengths)
+        gpos = np.arange(start, start + count, dtype=np.int64)
+        rerouted = self._rerouted(source, start, count)
+        needed = gpos >= state.cursors[source]  # as msd.checkpoint.resume.needed
+        needed[
+            [g - start for s, g in state.carry if s == source and start <= g < start + count]
+        ] = True
+        keep, unneeded = needed.copy(), ~needed
+        keep[[g - start for g in rerouted]] = unneeded[[g - start for g in rerouted]] = False
+        lengths = np.array(msg.lengths, dtype=np.int64)[keep]
+        ids = np.array(msg.sample_ids, dtype=np.uint64)[keep]
+        self.held.add(source, gpos[keep], lengths, ids, identity)
+        if msg.images or msg.skipped:
+            self.images.add(msg, np.flatnonzero(keep).tolist())
+        self._send_rerouted(identity, source, rerouted)
+        if unneeded.any():
+            discard = [(source, g, DISCARD) for g in gpos[unneeded].tolist()]
             self.out.send(identity, route_message(start_step, discard))
+
+    def _send_rerouted(self, identity: bytes, source: int, rerouted: list[int]) -> None:
+        """A lost loader's samples, now reported by ``identity``: to the steps they were for."""
+        by_step: dict[int, list[tuple[int, int, int]]] = {}
+        for g in rerouted:
+            step, dests = self.reroute.pop((source, g))
+            by_step.setdefault(step, []).extend((source, g, d) for d in dests)
+        for step, entries in by_step.items():
+            self.out.send(identity, route_message(step, entries))
+
+    def _rerouted(self, source: int, start: int, count: int) -> list[int]:
+        """The positions among these that a lost loader was told to send, ascending."""
+        if not self.reroute:
+            return []
+        return sorted(g for s, g in self.reroute if s == source and start <= g < start + count)
 
     def want(self, need: NeedData, serving: Callable[[int], list[Peer]]) -> None:
         """Tell the loaders of every source planning waits for (or soon will) which position
@@ -149,51 +171,82 @@ class Routing:
         self, plan: StepPlan, dp_constructors: dict[int, set[int]], constructors: list[Peer]
     ) -> StepFigures:
         """Each Constructor its DP ranks' rows; each loader where to send what it holds."""
-        per_constructor: dict[int, list[PlanEntry]] = {}
-        routes: Routes = {}
-        figures = StepFigures(len(self.known))
-        images = self.images if self.images.any() else None  # text jobs look nothing up
-        for dp, rank_rows in enumerate(plan.rows):
-            dests = dp_constructors[dp]
-            for row, slots in enumerate(rank_rows):
-                for slot in slots:
-                    _, sample_id, loader = self.known[slot.source][slot.gpos]
-                    entry = (
-                        dp,
-                        row,
-                        slot.source,
-                        slot.gpos,
-                        sample_id,
-                        slot.length,
-                        slot.offset,
-                        slot.padded,
-                    )
-                    for dest in dests:
-                        per_constructor.setdefault(dest, []).append(entry)
-                    key = (slot.source, slot.gpos)
-                    routes.setdefault(loader, {}).setdefault(key, set()).update(dests)
-                    figures.samples[slot.source] += slot.offset == 0
-                    figures.tokens[slot.source] += slot.length
-                    counted = None if images is None else images.get(slot.source, slot.gpos)
-                    if counted is not None and slot.offset == 0:
-                        figures.images[slot.source] += counted.kept
-                        figures.skipped[slot.source] += counted.skipped
-        for source, gpos in plan.dropped:
-            loader = self.known[source][gpos][2]
-            routes.setdefault(loader, {})[(source, gpos)] = {DISCARD}
-        self.inflight[plan.step] = routes  # kept as is: a lost loader's are sent again
-        self._send_routes(plan.step, routes)
-        for index, c in enumerate(constructors):
-            self.out.send(c.identity, plan_message(plan.step, per_constructor.get(index, [])))
+        pieces = placed(plan.pieces, plan.rows_per_rank)
+        figures = self._figures(pieces)  # before the images of the samples are forgotten
+        sample_ids, owners = self.held.held(pieces.source, pieces.gpos)
+        fanout = Fanout.of(dp_constructors, (len(plan.pieces.bounds) - 1) // plan.rows_per_rank)
+        loaders, table = self._route_table(plan.dropped, pieces, owners, fanout)
+        shared_pieces = shared(pieces.source, pieces.gpos, pieces.dp, fanout)
+        spread = _spread(pieces, shared_pieces, dp_constructors)
+        self.inflight[plan.step] = (loaders, table, spread)  # a lost loader's are sent again
+        self._send_routes(plan.step, loaders, table)
+        grouped = by_constructor(pieces.dp, fanout, len(constructors))
+        self._send_plans(plan.step, pieces, sample_ids, grouped, constructors)
         return figures
 
-    def _send_routes(self, step: int, routes: Routes) -> None:
-        for loader, by_key in routes.items():  # one Route per loader process
-            for source, gpos in by_key:
-                self.known[source].pop(gpos)
+    def _route_table(
+        self,
+        dropped: tuple[tuple[int, int], ...],
+        pieces: Placed,
+        owners: np.ndarray,
+        fanout: Fanout,
+    ) -> tuple[list[bytes], RouteTable]:
+        """The loaders, in order of the first piece (then sample dropped) each holds, and the
+        Route entries of each."""
+        gone = np.array(dropped, dtype=np.int64).reshape(-1, 2)
+        _, dropped_owners = self.held.held(gone[:, 0], gone[:, 1])
+        order, number = _renumbered(np.concatenate((owners, dropped_owners)))
+        at, loaders = len(owners), [self.held.loaders[n] for n in order.tolist()]
+        columns = (number[:at], pieces.source, pieces.gpos, pieces.dp, fanout)
+        table = route_table(*columns, (number[at:], gone[:, 0], gone[:, 1]), len(loaders))
+        return loaders, table
+
+    def _figures(self, pieces: Placed) -> StepFigures:
+        figures = StepFigures(self.sources)
+        starts = pieces.offset == 0
+        np.add.at(figures.samples, pieces.source[starts], 1)
+        np.add.at(figures.tokens, pieces.source, pieces.length)
+        if self.images.any():  # text jobs look nothing up
+            first = zip(pieces.source[starts].tolist(), pieces.gpos[starts].tolist(), strict=True)
+            for source, gpos in first:
+                counted = self.images.get(source, gpos)
+                if counted is not None:
+                    figures.images[source] += counted.kept
+                    figures.skipped[source] += counted.skipped
+        return figures
+
+    def _send_routes(self, step: int, loaders: list[bytes], table: RouteTable) -> None:
+        """One Route per loader process; what it is told to send is no longer known here."""
+        for i, loader in enumerate(loaders):
+            source, gpos, dest = (c.tolist() for c in table.entries(i))
+            self.out.send(
+                loader,
+                Route(step=step, source=tuple(source), gpos=tuple(gpos), constructor=tuple(dest)),
+            )
+        routed = table.samples()
+        self.held.remove(*routed)
+        if self.images.any():
+            for source, gpos in zip(*(c.tolist() for c in routed), strict=True):
                 self.images.forget(source, gpos)
-            entries = [(*key, d) for key, ds in sorted(by_key.items()) for d in sorted(ds)]
-            self.out.send(loader, route_message(step, entries))
+
+    def _send_plans(
+        self,
+        step: int,
+        pieces: Placed,
+        sample_ids: np.ndarray,
+        grouped: tuple[np.ndarray, np.ndarray],
+        constructors: list[Peer],
+    ) -> None:
+        """Each Constructor a Plan of its ranks' pieces (none: an empty one)."""
+        index, bounds = grouped
+        ids = sample_ids[index].tolist()
+        gathered = (c[index].tolist() for c in (pieces.dp, pieces.row, pieces.source, pieces.gpos))
+        tail = (c[index].tolist() for c in (pieces.length, pieces.offset, pieces.padded))
+        columns = [*gathered, ids, *tail]
+        b = bounds.tolist()
+        for c, peer in enumerate(constructors):
+            own = (tuple(column[b[c] : b[c + 1]]) for column in columns)
+            self.out.send(peer.identity, Plan(step, *own))
 
     def on_built(self, step: int) -> None:
         """Every Constructor built the steps before ``step``: their Routes are not needed."""
@@ -203,13 +256,13 @@ class Routing:
     def take_over(self, lost: bytes, sources: Iterable[int]) -> None:
         """A lost loader's samples: what it was told to send goes to those steps again (by its
         replacement), what it reported and held is gone with it."""
-        for step, routes in self.inflight.items():
-            for key, dests in routes.get(lost, {}).items():
-                self.reroute[key] = (step, tuple(dests))
+        for step, (loaders, table, spread) in self.inflight.items():
+            if lost in loaders:
+                for key, dests in table.by_sample(loaders.index(lost)).items():
+                    kept = dests if dests == (DISCARD,) else spread.get(key, dests)
+                    self.reroute[key] = (step, kept)
         for source in sources:
-            known = self.known[source]
-            for gpos in [g for g, entry in known.items() if entry[2] == lost]:
-                del known[gpos]
+            for gpos in self.held.remove_loader(source, lost):
                 self.images.forget(source, gpos)
         self.blocked = None
 
@@ -228,4 +281,4 @@ class Routing:
 
     def reported(self) -> int:
         """Samples reported and not routed yet."""
-        return sum(len(k) for k in self.known.values())
+        return self.held.count
