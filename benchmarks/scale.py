@@ -287,7 +287,10 @@ def main() -> None:
     fanouts = args.fanout or [None]
     if any(f is not None for f in fanouts) and not fanout_supported():
         parser.error("this msd has no constructor.fanout yet: only --fanout direct can run")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
+    # Every process a point starts is stopped in a finally block: let both signals reach it
+    # (a shell starting this in the background would leave SIGINT ignored).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     new = []
     for sources in args.sources:
         for fanout in fanouts:
@@ -318,4 +321,7 @@ def write(out: Path, name: str, new: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("interrupted; every process the point had started was stopped")
