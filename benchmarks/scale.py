@@ -8,7 +8,7 @@
 Each point is one job (``benchmarks.scale_job``): the Planner and ``--loaders`` loader processes
 (``loader.sources_per_process`` packs the tiny synthetic Parquet sources into them) started as
 ``msd launch`` starts them, and N nodes, each a real ``msd.roles.constructor.Constructor`` on its
-own thread, packed into ``--workers`` processes with their simulated ranks
+own thread, ``--nodes-per-process`` to a process with their simulated ranks
 (``benchmarks.scale_nodes``: a rank asks for step s, waits for its batch, asks for s + 1). Every
 rank is its own DP rank and gets one row of ``--seq-len`` tokens per step, so the data is tiny
 while the messages and connections are those of a job of that many ranks. ``--fanout`` sets the
@@ -131,23 +131,27 @@ def memory_figures(point: Point, raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def cost_figures(raw: dict[str, Any], messages: dict[str, Any]) -> dict[str, Any]:
-    """CPU ms per step of each role between the warm and the end snapshot, and the nodes
-    processes' CPU per message their Constructors and ranks handled."""
+    """CPU ms per step of each role between the warm and the end snapshot (and the cores it
+    kept busy), and the nodes processes' CPU per message their Constructors and ranks handled
+    (idle polling and Stats included: a fair per-message cost only where steps are fast)."""
     warm, end = raw["warm"], raw["end"]
     if warm is None or end["step"] <= warm["step"]:
-        return {"cpu_ms_per_step": {}, "cpu_us_per_node_message": None}
-    steps = end["step"] - warm["step"]
+        return {"cpu_ms_per_step": {}, "cpu_cores": {}, "cpu_us_per_node_message": None}
+    steps, seconds = end["step"] - warm["step"], max(1e-9, end["time"] - warm["time"])
     cpu: dict[str, float] = {}
+    cores: dict[str, float] = {}
     for role, entries in end["roles"].items():
         before = {e["pid"]: e["cpu_s"] for e in warm["roles"].get(role, [])}
         spent = sum(e["cpu_s"] - before[e["pid"]] for e in entries if e["pid"] in before)
         cpu[role] = spent * 1000 / steps
+        cores[role] = spent / seconds
     handled = sum(
         v["messages"] for role in ("constructor", "ranks") for v in messages.get(role, {}).values()
     )
     per_message = 1000 * cpu.get("nodes", 0.0) / handled if handled else None
     return {
         "cpu_ms_per_step": {k: round(v, 1) for k, v in cpu.items()},
+        "cpu_cores": {k: round(v, 2) for k, v in cores.items()},
         "cpu_us_per_node_message": None if per_message is None else round(per_message, 1),
     }
 
@@ -278,7 +282,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the rates")
     parser.add_argument("--max-s", type=float, default=240.0, help="wall-clock cap per point")
     parser.add_argument("--loaders", type=int, default=4, help="loader processes")
-    parser.add_argument("--workers", type=int, default=4, help="processes hosting the nodes")
+    parser.add_argument(
+        "--nodes-per-process", type=int, default=32, help="Constructors (threads) per process"
+    )
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -298,14 +304,15 @@ def main() -> None:
                 point = Point(
                     nodes=nodes, sources=sources, fanout=fanout,
                     ranks_per_node=args.ranks_per_node, steps=args.steps, warmup=args.warmup,
-                    seq_len=args.seq_len, loaders=args.loaders, workers=args.workers,
-                    measure_s=args.measure_s, max_s=args.max_s,
+                    seq_len=args.seq_len, loaders=args.loaders, measure_s=args.measure_s,
+                    nodes_per_process=args.nodes_per_process, max_s=args.max_s,
                 )  # fmt: skip
                 print(f"{point.ranks} ranks ({nodes} nodes), {sources} sources, {point.mode}")
                 raw = run_point(point, RUNS / "scale", RUNS / "scale-data")
                 new.append(summarise(point, raw))
                 print(table(new[-1:]).splitlines()[-1])
-    write(args.out, "scale-quick" if args.quick else "scale", new)
+                write(args.out, "scale-quick" if args.quick else "scale", new[-1:])
+    print(table(new))
 
 
 def write(out: Path, name: str, new: list[dict[str, Any]]) -> None:
@@ -316,7 +323,6 @@ def write(out: Path, name: str, new: list[dict[str, Any]]) -> None:
     text = table(points) + "\n\n" + messages_table(points) + "\n"
     (out / f"{name}.md").write_text(text)
     drew = plot(points, out / f"{name}.png")
-    print(table(points))
     print(f"wrote {path}" + (f" and {name}.png" if drew else " (no matplotlib: no plot)"))
 
 

@@ -52,13 +52,17 @@ class Point:
     warmup: int = 5
     seq_len: int = 256
     loaders: int = 4
-    workers: int = 4
+    nodes_per_process: int = 32
     measure_s: float = 30.0
     max_s: float = 240.0
 
     @property
     def mode(self) -> str:
         return "direct" if self.fanout is None else f"tree-{self.fanout}"
+
+    @property
+    def node_processes(self) -> int:
+        return math.ceil(self.nodes / self.nodes_per_process)
 
     @property
     def ranks(self) -> int:
@@ -146,7 +150,7 @@ class Run:
         for process in loader_processes(self.recipe):
             argv = procs.role_argv("loader", self.root, "--name", process.name)
             self._start("loader", process.name, argv)
-        for first, count in shares(self.point.nodes, self.point.workers):
+        for first, count in shares(self.point.nodes, self.point.node_processes):
             out = self.root / f"nodes-{first}.json"
             self.outs.append(out)
             argv = [sys.executable, "-m", "benchmarks.scale_nodes", "--job", str(self.root)]

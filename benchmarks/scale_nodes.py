@@ -30,6 +30,7 @@ import zmq
 from msd import logs
 from msd.jobdir import JobDir, constructor_endpoint_name
 from msd.recipe.schema import Recipe
+from msd.roles import constructor as constructor_module
 from msd.roles.constructor import Constructor
 from msd.wire import transport
 from msd.wire.protocol import Batch, Ended, Get
@@ -91,6 +92,27 @@ def counts_by_role() -> dict[str, Counts]:
             entry[0] += n
             entry[1] += size
     return total
+
+
+def share_usage_reading() -> None:
+    """Read this process's CPU time and PSS once a second for all its Constructors.
+
+    Each Constructor reads ``/proc/self/smaps_rollup`` for its Stats every second: once per
+    node on a real cluster, but dozens of times a second in a process hosting dozens of nodes,
+    where the kernel walks the whole address space each time. The figures are the process's
+    either way, so one reading a second is shared."""
+    read = constructor_module.process_usage
+    cached: list[tuple[float, tuple[float, int]]] = []
+    lock = threading.Lock()
+
+    def shared() -> tuple[float, int]:
+        with lock:
+            now = time.monotonic()
+            if not cached or now - cached[0][0] >= 1.0:
+                cached[:] = [(now, read())]
+            return cached[0][1]
+
+    constructor_module.process_usage = shared  # type: ignore[assignment]
 
 
 def serve(
@@ -181,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.setup("constructor", f"nodes{args.first}")
     transport.context().set(zmq.MAX_SOCKETS, MAX_SOCKETS)  # before any socket exists
     install_counting()
+    share_usage_reading()
     job = JobDir(args.job)
     transport.admit_only(transport.context(), job.keys())  # one authenticator, started here
     recipe = job.recipe()

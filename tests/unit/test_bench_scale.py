@@ -87,8 +87,8 @@ def test_summary_of_a_run() -> None:
     raw = {
         "nodes_out": [{"done_at": {"0": 1.0, "1": 1.5, "2": 2.0, "3": 2.5}, "counts": counts,
                        "errors": []}],
-        "warm": {"roles": roles, "step": 1},
-        "end": {"roles": later, "step": 3},
+        "warm": {"roles": roles, "step": 1, "time": 100.0},
+        "end": {"roles": later, "step": 3, "time": 102.0},
         "peak_pss": {"1": 5 << 20},
         "capped": False, "wall_s": 9.0, "startup_s": 1.0,
         "status": {"planner": {"plan_ms_p50": 1.5, "plan_ms_p99": 4.0}},
@@ -99,6 +99,7 @@ def test_summary_of_a_run() -> None:
     assert f["connections_into_constructor"] == 4.0  # 8 inbound over 2 Constructors
     assert f["pss_mib_planner"] == 5.0 and f["pss_mib_per_constructor"] == 2.0
     assert f["cpu_ms_per_step"]["loader"] == pytest.approx(400.0)  # 0.8 s over 2 steps
+    assert f["cpu_cores"]["loader"] == pytest.approx(0.4)  # ... and 2 s
     assert f["messages_per_step"]["constructor"]["sent:Batch"] == {"messages": 4, "bytes": 800}
     assert f["estimated_per_step"]["loaders_sent_payloads"] == 4
     assert f["cpu_us_per_node_message"] == pytest.approx(1000 * 200 / 8)
