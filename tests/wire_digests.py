@@ -8,7 +8,7 @@ tests/integration/wire_digests.json, recorded by the release before the compact 
 cases: text from three Parquet sources plus a token-id source with a vocabulary above 65,536
 (samples split across rows, balancing on); a dp 2 × cp 2 × pp 2 job (context-parallel slices,
 pipeline stages' tensor subsets); images from WebDataset and Parquet captions and interleaved
-documents.
+documents. ``relayed`` runs some of them again on simulated nodes with payloads relayed.
 """
 
 from __future__ import annotations
@@ -119,6 +119,24 @@ def recipes(root: Path) -> dict[str, dict[str, Any]]:
                 },
             ],
         },
+    }
+
+
+# Cases run again on simulated nodes, payloads relayed along a chain of Constructors (fan-out 1,
+# ``msd.plan.fanout``): case → nodes. The batches must be those of the one-node run.
+RELAYED = {"text": 2, "hybrid": 4, "vlm": 2}
+
+
+def relayed(cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``RELAYED`` cases, each on its nodes with fan-out 1."""
+    return {
+        name: {
+            **cases[name],
+            "name": f"{name}-relayed",
+            "trainer": {**cases[name]["trainer"], "nodes": nodes},
+            "constructor": {"fanout": 1},
+        }
+        for name, nodes in RELAYED.items()
     }
 
 

@@ -1,9 +1,10 @@
 """The embedded launcher: every role as a subprocess of this machine, wired over loopback.
 
-It starts the Planner, one Constructor (the node's sidecar), the loaders and the trainer ranks,
-watches all of them, and stops every one of them on every way out: success, a failed role, a
-failed trainer, Ctrl-C. The run itself (job.json, the status loop, the outcome) is
-``msd.launch.job``'s; the SLURM launcher places the same role entry points elsewhere.
+It starts the Planner, a Constructor per node (the node's sidecar; a local run simulates the
+``trainer.nodes`` nodes), the loaders and the trainer ranks, watches all of them, and stops every
+one of them on every way out: success, a failed role, a failed trainer, Ctrl-C. The run itself
+(job.json, the status loop, the outcome) is ``msd.launch.job``'s; the SLURM launcher places the
+same role entry points elsewhere.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from msd.jobdir import REWIND_EXIT, constructor_endpoint_name, full_message, nea
 from msd.launch import procs
 from msd.launch.job import Job, final_status, logged_error
 from msd.launch.ports import free_port
+from msd.launch.slurm_plan import ranks_per_node
 from msd.plan.partition import loader_processes
+from msd.recipe.schema import Recipe
 from msd.wire import transport
 from msd.wire.protocol import LoaderLost, Status
 
@@ -52,6 +55,15 @@ def _deferred_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if hits:
         raise KeyboardInterrupt
+
+
+def local_nodes(recipe: Recipe) -> dict[str, tuple[int, ...]]:
+    """The nodes a local run simulates (``trainer.nodes``), each with its Constructor and the
+    ranks it serves: one node is ``local``; more are ``local-0``, ``local-1``, ..."""
+    nodes = recipe.trainer.nodes if recipe.trainer is not None else 1
+    per_node = ranks_per_node(recipe) if nodes > 1 else recipe.world_size
+    names = ["local"] if nodes == 1 else [f"local-{i}" for i in range(nodes)]
+    return {name: tuple(range(i * per_node, (i + 1) * per_node)) for i, name in enumerate(names)}
 
 
 class LocalJob(Job):
@@ -85,12 +97,10 @@ class LocalJob(Job):
     def _start_data_plane(self) -> None:
         root = self.job.root
         self._role("planner", "planner", procs.role_argv("planner", root))
-        ranks = ",".join(str(r) for r in range(self.recipe.world_size))
-        self._role(
-            "constructor",
-            "local",
-            procs.role_argv("constructor", root, "--node", "local", "--ranks", ranks),
-        )
+        for node, ranks in local_nodes(self.recipe).items():
+            listed = ",".join(map(str, ranks))
+            argv = procs.role_argv("constructor", root, "--node", node, "--ranks", listed)
+            self._role("constructor", node, argv)
         self._start_loaders()
 
     def _start_loaders(self) -> None:
@@ -119,24 +129,36 @@ class LocalJob(Job):
             else procs.command_argv(command)
         )
         base = self._trainer_env()
-        for rank in range(self.recipe.world_size):
-            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            log = self.job.log_path("trainer", f"rank-{rank}")
-            child = procs.start("trainer", f"rank {rank}", argv, env, log, cwd=Path.cwd())
-            self.trainers.append(child)
-            self.children.append(child)
+        for node, ranks in local_nodes(self.recipe).items():
+            for local_rank, rank in enumerate(ranks):
+                self._trainer(argv, base, node, rank, local_rank, len(ranks))
+
+    def _trainer(
+        self, argv: list[str], base: dict[str, str], node: str, rank: int, local: int, size: int
+    ) -> None:
+        """Trainer rank ``rank``, the ``local``-th of the ``size`` on its (simulated) node."""
+        env = {
+            **base,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(size),
+            "MSD_NODE": node,
+        }
+        log = self.job.log_path("trainer", f"rank-{rank}")
+        child = procs.start("trainer", f"rank {rank}", argv, env, log, cwd=Path.cwd())
+        self.trainers.append(child)
+        self.children.append(child)
 
     def _trainer_env(self) -> dict[str, str]:
-        """Every rank's environment, but its own RANK and LOCAL_RANK."""
+        """Every rank's environment, but its own RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and
+        MSD_NODE."""
         world = self.recipe.world_size
         bin_dir = str(Path(sys.executable).parent)  # `python` in a command means msd's interpreter
         return {
             **self.env,
             "PATH": os.pathsep.join([bin_dir, self.env.get("PATH", "")]),
             "MSD_JOB": str(self.job.root),
-            "MSD_NODE": "local",
             "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),
         }
@@ -254,7 +276,8 @@ class LocalJob(Job):
         data = [c for c in self.children if c.role != "trainer"]
         procs.stop_all(data, grace_s=1.0)
         self.children = [c for c in self.children if c.role == "trainer"]
-        for name in ("planner", constructor_endpoint_name("local")):
+        nodes = [constructor_endpoint_name(node) for node in local_nodes(self.recipe)]
+        for name in ("planner", *nodes):
             self.job.endpoint_file(name).unlink(missing_ok=True)
         self.loader_names.clear()
         self._start_data_plane()

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from msd.recipe.plan_checks import check_plan
-from msd.recipe.schema import Recipe, Source, Transform, Vision
+from msd.recipe.schema import Recipe, Source, Trainer, Transform, Vision
 
 # Source names end up in file names, metric labels and checkpoint keys, so keep them plain.
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -322,6 +322,9 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
     problems += _at_least("loader.sources_per_process", per_process, 1, fix)
     prefetch = recipe.constructor.prefetch_steps
     problems += _at_least("constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step")
+    if recipe.constructor.fanout is not None:
+        fix = "send to at least 1 Constructor, or null for direct transfer"
+        problems += _at_least("constructor.fanout", recipe.constructor.fanout, 1, fix)
     problems += _check_groups(recipe)
     problems += _check_pad_to(recipe)
     if recipe.loader.cpus is not None:
@@ -413,5 +416,20 @@ def _check_trainer(recipe: Recipe) -> list[Problem]:
         fix = f"set ranks to {world} or omit it"
         what = f"must equal dp * pp * cp * tp = {world}, got {trainer.ranks}"
         problems.append(Problem("trainer.ranks", f"{what}; {fix}"))
+    problems += _check_nodes(trainer, world)
     fix = "use a non-negative time in milliseconds"
     return problems + _finite_at_least_0("trainer.demo.step_ms", trainer.demo.step_ms, fix)
+
+
+def _check_nodes(trainer: Trainer, world: int) -> list[Problem]:
+    """The ranks fill ``nodes`` nodes of ``tasks_per_node`` each (on SLURM, and locally, where
+    each node is simulated by its own Constructor)."""
+    problems = _at_least("trainer.nodes", trainer.nodes, 1, "run on at least 1 node")
+    if problems:
+        return problems
+    per_node = trainer.tasks_per_node or -(-world // trainer.nodes)
+    if per_node * trainer.nodes != world:
+        what = f"{trainer.nodes} nodes × {per_node} tasks per node is not the {world} ranks"
+        fix = "set trainer.nodes and tasks_per_node to match dp * pp * cp * tp"
+        problems.append(Problem("trainer.nodes", f"{what}; {fix}"))
+    return problems

@@ -276,9 +276,14 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 
 
 class ConstructorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """prefetch_steps: steps the Planner plans, and Constructors build, ahead of trainers."""
+    """prefetch_steps: steps the Planner plans, and Constructors build, ahead of trainers.
+    fanout: the most Constructors a loader sends payloads to; with more nodes than this, the
+        Constructors relay payloads through a tree with this many children each
+        (``msd.plan.fanout``); null: every loader sends straight to every Constructor.
+    """
 
     prefetch_steps: int = 4
+    fanout: int | None = 32
 
 
 class MetricsOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -1,11 +1,13 @@
 """Data Constructor: the sidecar that builds and serves batches for the ranks on its node.
 
-It receives each step's plan from the Planner and the payloads straight from loaders, packs each
-data-parallel rank's rows once all payloads of the step are in (``msd.pack``), cuts the context-
-parallel slices (``msd.shard``), and answers each trainer rank's ``Get`` from its buffer of ready
-batches: one copy per (DP rank, CP rank) and step, shared by every TP peer and pipeline stage
-that reads it (a stage gets only the tensors it uses). It reports consumption (and the trainers'
-data-wait) back to the Planner, which is what lets the Planner plan ahead without running away.
+It receives each step's plan from the Planner and the payloads from loaders (straight, or relayed
+by other Constructors: ``msd.plan.fanout``; it relays in turn what is meant for those below it),
+packs each data-parallel rank's rows once all payloads of the step are in (``msd.pack``), cuts
+the context-parallel slices (``msd.shard``), and answers each trainer rank's ``Get`` from its
+buffer of ready batches: one copy per (DP rank, CP rank) and step, shared by every TP peer and
+pipeline stage that reads it (a stage gets only the tensors it uses). It reports consumption (and
+the trainers' data-wait) back to the Planner, which is what lets the Planner plan ahead without
+running away.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from msd.plan.spec import topology_of
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.intake import Intake, Key, Sample
+from msd.roles.outlets import Outlets
 from msd.sample import SampleImages
 from msd.shard import cp_slice
 from msd.wire import compact, transport
@@ -44,9 +47,11 @@ from msd.wire.protocol import (
     Stats,
     Stop,
     TensorSpec,
+    Welcome,
     frame_offsets,
 )
 from msd.wire.rejects import Rejects
+from msd.wire.relay import split_payload
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +120,10 @@ class Constructor:
         self.planner = connect_planner(job, f"constructor/{node}")
         self.endpoints = {"client": client_endpoint, "payload": payload_endpoint}
         self.rejects = Rejects(f"constructor {node}")
+        self.out = Outlets(keys, recipe.constructor.fanout)
+        self.index: int | None = None  # this Constructor's number, once payloads are relayed
+        self.unrelayed: list[tuple[Payload, list[memoryview]]] = []  # until the Welcome
+        self.unrelayed_bytes = 0
         self.plans: dict[int, Plan] = {}
         self.intake = Intake(self.rejects, early_cap_bytes(recipe, len(self.groups)))
         self.ready: dict[tuple[int, int, int], Ready] = {}
@@ -162,6 +171,8 @@ class Constructor:
             msg = received[1]
             if isinstance(msg, Plan):
                 self._on_plan(msg)
+            elif isinstance(msg, Welcome):
+                self._on_welcome(msg)
             elif isinstance(msg, End):
                 self.num_steps = msg.num_steps
                 log.info("the stream has %d steps", msg.num_steps)
@@ -180,19 +191,70 @@ class Constructor:
         if not isinstance(msg, Payload):
             self.rejects.count("unexpected", f"a {type(msg).__name__} on the payload socket")
             return
-        if msg.step < self.built_upto or msg.step in self.built:
-            return  # built already: a shadow sent again what a lost loader had sent
+        if not self._admissible(msg):
+            return
+        if not msg.to:
+            self._take(msg, buffers)
+        elif self.index is None:  # the Planner's Welcome is still on its way
+            size = sum(b.nbytes for b in buffers)
+            if self.unrelayed_bytes + size > self.intake.early_cap_bytes:
+                self.rejects.count("over-capacity", f"a relayed payload for step {msg.step}")
+                return
+            self.unrelayed.append((msg, buffers))
+            self.unrelayed_bytes += size
+        else:
+            self._relay(msg, buffers)
+
+    def _admissible(self, msg: Payload) -> bool:
+        """A payload for a step in the window, of sources and images this job has (counted
+        when not)."""
         if msg.step >= self.horizon() or (
             self.num_steps is not None and msg.step >= self.num_steps
         ):
             self.rejects.count("out-of-window", f"a payload for step {msg.step}")
-            return
+            return False
         if any(not 0 <= s < len(self.recipe.sources) for s in msg.source):
             self.rejects.count("invalid", "a payload names a source the job does not have")
-            return
+            return False
         if msg.images and (not self.vision or msg.patch_values != self.patch_values):
             self.rejects.count("invalid", "a payload carries images this job cannot have")
+            return False
+        return True
+
+    def _on_welcome(self, msg: Welcome) -> None:
+        """Where relayed payloads go on: to this Constructor's children in the tree."""
+        if not 0 <= msg.index < len(msg.constructors):
+            self.rejects.count("invalid", f"a Welcome numbering this constructor {msg.index}")
             return
+        self.out.welcome(msg)
+        self.index = msg.index
+        children = list(self.out.tree.children(msg.index))
+        log.info("constructor %d of %d; relays to %s", msg.index, self.out.tree.size, children)
+        held, self.unrelayed, self.unrelayed_bytes = self.unrelayed, [], 0
+        for payload, buffers in held:
+            if self._admissible(payload):
+                self._relay(payload, buffers)
+
+    def _relay(self, msg: Payload, buffers: list[memoryview]) -> None:
+        """Pass each sample on towards the Constructor it is for; keep this one's."""
+        me, tree = self.index, self.out.tree
+        assert me is not None
+        hops = {d: tree.next_hop(me, d) if d < tree.size else None for d in set(msg.to)}
+        route = {d: hop for d, hop in hops.items() if hop is not None}
+        if len(route) < len(hops):
+            self.rejects.count("invalid", f"a payload for step {msg.step} relayed off its path")
+            return
+        parts = split_payload(msg, buffers, route.__getitem__)
+        own = parts.pop(me, None)
+        for hop, (part, part_buffers) in parts.items():
+            self.out.send(hop, part, part_buffers)
+        if own is not None:
+            self._take(own[0], own[1])
+
+    def _take(self, msg: Payload, buffers: list[memoryview]) -> None:
+        """A payload's samples meant for this Constructor."""
+        if msg.step < self.built_upto or msg.step in self.built:
+            return  # built already: a shadow sent again what a lost loader had sent
         keys = list(zip(msg.source, msg.gpos, strict=True))
         size = sum(b.nbytes for b in buffers)
         self.intake.add(msg.step, keys, payload_samples(msg, buffers), size)

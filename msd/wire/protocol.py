@@ -18,7 +18,7 @@ import numpy as np
 from msd.control.views import StatusView
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 8  # 8: compact tokens (Payload.token_dtype, Batch.frames); 7: images
+PROTOCOL_VERSION = 9  # 9: relayed payloads (Payload.to, Welcome.index); 8: compact tokens
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -85,9 +85,14 @@ class ConstructorInfo(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Welcome(_Msg, frozen=True, tag=int(Kind.WELCOME)):
-    """Planner → loader: where to send payloads (index = the constructor number in ``Route``)."""
+    """Planner → loader: where to send payloads (index = the constructor number in ``Route``).
+
+    Planner → Constructor, when payloads are relayed (``msd.plan.fanout``): the same list, and
+    ``index``, the receiver's own number in it (-1 in a loader's).
+    """
 
     constructors: tuple[ConstructorInfo, ...]
+    index: int = -1
 
 
 class Meta(_Msg, frozen=True, tag=int(Kind.META)):
@@ -139,6 +144,9 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     order; sample i holds ``images[i]`` of them (all 0, or empty, for text), image k has grid
     ``grids[3k : 3k + 3]`` (frames, patch rows, patch columns), so ``rows × columns`` patches of
     ``patch_values`` bytes.
+
+    ``to``: relayed payloads (``msd.plan.fanout``) name, per sample, the Constructor it is for;
+    empty when every sample is for the receiver.
     """
 
     step: int
@@ -149,6 +157,7 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     grids: tuple[int, ...] = ()
     patch_values: int = 0
     token_dtype: str = "int32"
+    to: tuple[int, ...] = ()
 
 
 TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "int32"})
@@ -596,6 +605,8 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
         )
     if msg.step < 0 or any(x < 0 for x in msg.lengths) or any(g < 0 for g in msg.gpos):
         raise ProtocolError("a payload has a negative step, position or length")
+    if msg.to and (len(msg.to) != n or min(msg.to) < 0):
+        raise ProtocolError(f"a payload of {n} samples names {len(msg.to)} destinations")
     if msg.token_dtype not in TOKEN_DTYPES:
         raise ProtocolError(f"a payload has tokens of type {msg.token_dtype!r}")
     if buffers and buffers[0].nbytes != np.dtype(msg.token_dtype).itemsize * sum(msg.lengths):

@@ -1,12 +1,15 @@
-"""Failures survived while training runs: kill -9 of a loader, the Planner, the Constructor, a
-trainer rank, or a loader and the Planner together, at several points of a run. Every rank's
-stream must equal the run without failure, byte for byte, and no process may be left behind.
+"""Failures survived while training runs: kill -9 of a loader, the Planner, a Constructor that
+relays payloads to another node's, a trainer rank, or a loader and the Planner together, at
+several points of a run. Every rank's stream must equal the run without failure, byte for byte,
+and no process may be left behind.
 A trainer that goes back to an earlier checkpoint of its own gets the same batches again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -96,6 +99,26 @@ def role_pids(launcher: int, role: str) -> list[int]:
     return sorted(pids)
 
 
+def victim_pids(launcher: int, victim: str, job: Path) -> list[int]:
+    """The processes of role ``victim``; for ``forwarding constructor``, that of the
+    Constructor that relays payloads now (its log's latest Welcome says so)."""
+    if victim != "forwarding constructor":
+        return role_pids(launcher, victim)
+    relaying = re.compile(r"constructor \d+ of \d+; relays to \[\d")
+    nodes = []
+    for log in job.glob("logs/constructor-*.log"):
+        said = [line for line in log.read_text().splitlines() if "relays to" in line]
+        if said and relaying.search(said[-1]):
+            nodes.append(log.stem.removeprefix("constructor-"))
+    assert len(nodes) == 1, nodes
+    pids = []
+    for pid in role_pids(launcher, "constructor"):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if f"--node {nodes[0]}" in " ".join(psutil.Process(pid).cmdline()):
+                pids.append(pid)
+    return pids
+
+
 def wait_for_step(job_glob: Path, step: int, proc: subprocess.Popen[str]) -> Path:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -111,11 +134,11 @@ def wait_for_step(job_glob: Path, step: int, proc: subprocess.Popen[str]) -> Pat
     [
         (("loader",), (10, 60)),
         (("planner",), (30, 75)),
-        (("constructor",), (20, 85)),
+        (("forwarding constructor",), (20, 85)),
         (("trainer",), (40, 80)),
         (("loader", "planner"), (55,)),
     ],
-    ids=["loader", "planner", "constructor", "trainer", "loader+planner"],
+    ids=["loader", "planner", "forwarding-constructor", "trainer", "loader+planner"],
 )
 def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
     tmp_path: Path,
@@ -125,14 +148,20 @@ def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
     at_steps: tuple[int, ...],
 ) -> None:
     """Each role killed at two points of one run (or a loader and the Planner together); the
-    run summary's counts are those of the run without failure (nothing counted twice)."""
-    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe(small_data), sort_keys=False))
+    run summary's counts are those of the run without failure (nothing counted twice). The
+    Constructor killed is one that relays payloads to another node's (2 simulated nodes,
+    fan-out 1): the stream is still that of the one-node run."""
+    doc = recipe(small_data)
+    if victims == ("forwarding constructor",):
+        doc["trainer"]["nodes"] = 2
+        doc["constructor"] = {"fanout": 1}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = start_launch(tmp_path, "r.yaml", "--json")
     try:
         for at_step in at_steps:
             job = wait_for_step(tmp_path, at_step, proc)
             for role in victims:
-                pids = role_pids(proc.pid, role)
+                pids = victim_pids(proc.pid, role, job)
                 assert pids, role
                 os.kill(pids[at_step % len(pids)], signal.SIGKILL)
         out, err = proc.communicate(timeout=180)
@@ -146,7 +175,8 @@ def test_a_killed_role_is_recovered_and_the_stream_is_unchanged(
     recoveries = json.loads((job / "job.json").read_text())["recoveries"]
     killed = [r for r in recoveries if r["cause"] != "rewind"]
     assert len(killed) == len(at_steps), recoveries
-    assert all(r["role"] in victims and r["cause"] == "was killed by SIGKILL" for r in killed)
+    roles = {v.split()[-1] for v in victims}
+    assert all(r["role"] in roles and r["cause"] == "was killed by SIGKILL" for r in killed)
     assert len(recoveries) - len(killed) <= len(at_steps), recoveries
     assert digests(job) == {k: v for k, v in reference.items() if k != "counts"}
     assert counts(out) == reference["counts"]

@@ -37,9 +37,13 @@ def squeue_ids() -> list[str]:
 
 
 def test_slurm_run_places_roles_and_matches_the_local_stream(slurm_cluster, small_data, tmp_path):
+    """On SLURM, payloads relayed from one node's Constructor to the other's (fan-out 1);
+    locally, sent straight to each (two simulated nodes): the same batches."""
     for cluster in ("slurm", "local"):
         r = recipe(small_data, cluster)
         r["name"] = cluster
+        if cluster == "slurm":
+            r["constructor"] = {"fanout": 1}
         (tmp_path / f"{cluster}.yaml").write_text(yaml.safe_dump(r))
         started = time.monotonic()
         result = msd("launch", f"{cluster}.yaml", cwd=tmp_path)
@@ -54,6 +58,10 @@ def test_slurm_run_places_roles_and_matches_the_local_stream(slurm_cluster, smal
         assert {r["node"] for r in slurm_logs[rank]} == {"n1" if rank < 2 else "n2"}
     for node in ("n1", "n2"):
         assert (slurm_root / "endpoints" / f"constructor-{node}").exists()
+    said = [p.read_text() for p in slurm_root.glob("logs/constructor-*.log")]
+    assert sum("of 2; relays to [1]" in log for log in said) == 1, said  # and 0 to none
+    local = [p.read_text() for p in local_root.glob("logs/constructor-*.log")]
+    assert len(local) == 2 and not any("relays" in log for log in local)  # sent straight
     jobs = json.loads((slurm_root / "job.json").read_text())["slurm_jobs"]
     loader_jobs = {v for k, v in jobs.items() if k.startswith("loader ")}
     assert len(loader_jobs) == 6, "each loader is its own SLURM job"

@@ -306,6 +306,13 @@ CHECKS = [
      "buffer at least one row, or omit it for two global batches"),
     ({"constructor": ConstructorOptions(prefetch_steps=0)},
      "constructor.prefetch_steps: must be >= 1, got 0; prefetch at least 1 step"),
+    ({"constructor": ConstructorOptions(fanout=0)}, "constructor.fanout: must be >= 1, got 0; "
+     "send to at least 1 Constructor, or null for direct transfer"),
+    ({"trainer": Trainer(nodes=0)},
+     "trainer.nodes: must be >= 1, got 0; run on at least 1 node"),
+    ({"trainer": Trainer(nodes=3), "distribute": Distribute(dp=4), "global_batch_tokens": 32},
+     "trainer.nodes: 3 nodes × 2 tasks per node is not the 4 ranks; "
+     "set trainer.nodes and tasks_per_node to match dp * pp * cp * tp"),
     ({"distribute": Distribute(pad_to=9)}, "distribute.pad_to: is 9; "
      "use 0 (the default: 2 × cp) or a multiple of 2 × cp up to seq_len"),
     ({"distribute": Distribute(cp=2, pad_to=6), "trainer": Trainer(ranks=2)},

@@ -25,6 +25,7 @@ from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.loader.outage import Outage
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
+from msd.roles.outlets import Outlets
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader, Unavailable
 from msd.wire import transport
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 class Loader:
-    """A loader process: its shards, one Planner connection, a PUSH socket per Constructor."""
+    """A loader process: its shards, one Planner connection, a PUSH socket per Constructor it
+    sends to (``msd.roles.outlets``)."""
 
     def __init__(
         self,
@@ -77,7 +79,7 @@ class Loader:
             if first is not None:
                 shard.resume_at(first[shard.source])
         self.planner = planner or connect_planner(job, f"loader/{self.name}")
-        self.constructors: list[zmq.Socket[Any]] = []
+        self.out = Outlets(job.keys(), recipe.constructor.fanout)
 
     def run(self) -> None:
         sources = tuple(self.shards)
@@ -173,11 +175,7 @@ class Loader:
 
     def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
         if isinstance(msg, Welcome):
-            ctx, keys = transport.context(), self.job.keys()
-            self.constructors = [
-                transport.connect(ctx, zmq.PUSH, c.payload_endpoint, keys=keys)
-                for c in msg.constructors
-            ]
+            self.out.welcome(msg)
         elif isinstance(msg, Route):
             self._route(msg)
         elif isinstance(msg, Want):
@@ -196,15 +194,16 @@ class Loader:
         return True
 
     def _route(self, msg: Route) -> None:
-        """One payload message per destination: the routed samples' tokens back to back."""
+        """One payload message per Constructor sent to: the routed samples' tokens back to
+        back, and, when it relays them, the Constructor each is for."""
         logs.set_step(msg.step)
-        by_dest: dict[int, list[tuple[int, int]]] = {}
-        for key in zip(msg.source, msg.gpos, msg.constructor, strict=True):
-            by_dest.setdefault(key[2], []).append(key[:2])
-        by_dest.pop(DISCARD, None)  # dropped by the plan: only forgotten
-        for dest, keys in by_dest.items():
-            payload, buffers = self._payload(msg.step, keys)
-            transport.send(self.constructors[dest], payload, buffers)
+        routed = zip(msg.source, msg.gpos, msg.constructor, strict=True)
+        kept = (e for e in routed if e[2] != DISCARD)  # a discarded sample is only forgotten
+        for hop, entries in self.out.tree.by_entry(kept).items():
+            payload, buffers = self._payload(msg.step, [e[:2] for e in entries])
+            if any(e[2] != hop for e in entries):
+                payload = msgspec.structs.replace(payload, to=tuple(e[2] for e in entries))
+            self.out.send(hop, payload, buffers)
         for source, gpos in set(zip(msg.source, msg.gpos, strict=True)):
             self.shards[source].forget(gpos)
 

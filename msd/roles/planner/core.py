@@ -16,12 +16,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from msd import logs
 from msd.control.metrics import Histogram
 from msd.control.rescales import load_rescales
 from msd.control.view import JobObserver
 from msd.errors import ProtocolError, SourceError
 from msd.jobdir import JobDir
+from msd.plan.fanout import Tree
 from msd.plan.hybrid_cost import HybridCost
 from msd.plan.lifecycle import SampleGraph
 from msd.plan.partition import loader_processes
@@ -176,6 +179,10 @@ class PlannerCore:
 
     def _start(self) -> None:
         welcome = self._welcome()
+        constructors = self.registry.constructors
+        if Tree(len(constructors), self.recipe.constructor.fanout).relays:
+            for index, peer in enumerate(constructors):  # where each relays payloads on
+                self.out.send(peer.identity, msgspec.structs.replace(welcome, index=index))
         for peer in self.registry.loaders.values():
             self.out.send(peer.identity, welcome)
         self.running = True
