@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = ROOT / "benchmarks" / "runs"
 MIB = 2**20
+DEFAULT_FANOUT = 32  # the recipe's default constructor.fanout
 
 
 def parse_fanouts(text: str) -> list[Fanout]:
@@ -275,7 +276,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 and 16 nodes, 100 sources")
     parser.add_argument("--nodes", type=parse_ints, default=[8, 64, 256, 512])
     parser.add_argument("--sources", type=parse_ints, default=[100, 1000])
-    parser.add_argument("--fanout", type=parse_fanouts, help="direct and/or N (default: direct)")
+    parser.add_argument(
+        "--fanout",
+        type=parse_fanouts,
+        help=f"direct and/or N, comma-separated (default: direct,{DEFAULT_FANOUT})",
+    )
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--steps", type=int, default=200, help="steps measured, at most")
     parser.add_argument("--measure-s", type=float, default=30.0, help="seconds measured, at most")
@@ -290,7 +295,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.sources, args.measure_s, args.max_s = [8, 16], [100], 8.0, 40.0
-    fanouts = args.fanout or [None]
+    fanouts = args.fanout or ([None, DEFAULT_FANOUT] if fanout_supported() else [None])
     if any(f is not None for f in fanouts) and not fanout_supported():
         parser.error("this msd has no constructor.fanout yet: only --fanout direct can run")
     # Every process a point starts is stopped in a finally block: let both signals reach it
@@ -299,8 +304,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     new = []
     for sources in args.sources:
-        for fanout in fanouts:
-            for nodes in args.nodes:
+        for nodes in args.nodes:
+            for fanout in fanouts:  # both modes of a point back to back: the same machine load
                 point = Point(
                     nodes=nodes, sources=sources, fanout=fanout,
                     ranks_per_node=args.ranks_per_node, steps=args.steps, warmup=args.warmup,
