@@ -250,6 +250,7 @@ def plot(points: list[dict[str, Any]], path: Path) -> bool:
         right.plot(ranks, [p["connections_per_loader"] for p in ps], style, label=label)
     for ax, title in ((left, "steps/s"), (right, "TCP connections per loader process")):
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("simulated ranks (8 per node)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -292,7 +293,11 @@ def main() -> None:
     )
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--redraw", action="store_true", help="only rewrite the table and plot")
     args = parser.parse_args()
+    if args.redraw:
+        write(args.out, "scale-quick" if args.quick else "scale", [])
+        return
     if args.quick:
         args.nodes, args.sources, args.measure_s, args.max_s = [8, 16], [100], 8.0, 40.0
     fanouts = args.fanout or ([None, DEFAULT_FANOUT] if fanout_supported() else [None])

@@ -37,6 +37,7 @@ from msd.wire.protocol import Batch, Ended, Get
 
 MAX_SOCKETS = 65536  # ZeroMQ's default (1,023 per context) is below a few hundred nodes' sockets
 ENDPOINT_WAIT_S = 300.0
+NICE = 10
 STOP_WAIT_S = 30.0  # for the Constructors to return once the Planner said Stop
 
 log = logging.getLogger("msd.bench.scale")
@@ -201,6 +202,9 @@ def node_name(number: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
     logs.setup("constructor", f"nodes{args.first}")
+    # On a cluster every node has its own CPUs; here the simulated nodes share them with the
+    # Planner and the loaders, and yield to them, so those run as they would on their own.
+    os.nice(NICE)
     transport.context().set(zmq.MAX_SOCKETS, MAX_SOCKETS)  # before any socket exists
     install_counting()
     share_usage_reading()
