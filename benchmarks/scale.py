@@ -1,8 +1,9 @@
 """Scale harness: a real Planner, real loaders and real Constructors of up to 512 simulated nodes
 (4,096 ranks) on one machine, over real CURVE-authenticated ZeroMQ sockets.
 
-    python -m benchmarks.scale --quick                 # 8 and 16 nodes, 100 sources: ~1 minute
-    python -m benchmarks.scale                         # nodes 8,64,256,512 x sources 100,1000
+    python -m benchmarks.scale --quick                 # 8, 16 nodes, 100 sources, direct and 8
+    python -m benchmarks.scale                         # nodes 8,64,256,512 x sources 100,1000,
+                                                       # direct and fanout 32: about 25 minutes
     python -m benchmarks.scale --nodes 8,64 --sources 100 --fanout direct --steps 30
 
 Each point is one job (``benchmarks.scale_job``): the Planner and ``--loaders`` loader processes
@@ -41,6 +42,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 RUNS = ROOT / "benchmarks" / "runs"
 MIB = 2**20
 DEFAULT_FANOUT = 32  # the recipe's default constructor.fanout
+QUICK_FANOUT = 8
 
 
 def parse_fanouts(text: str) -> list[Fanout]:
@@ -207,6 +209,29 @@ def table(points: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def costs_table(points: list[dict[str, Any]]) -> str:
+    """Per step, summed over the job: CPU of each role, Payloads and Plans, step times."""
+    lines = [
+        "| ranks | sources | mode | CPU ms/step: Planner | all loaders | all nodes processes "
+        "| Payloads from loaders/step | relayed/step | Plans/step | Batches/step "
+        "| nodes CPU µs/message | step ms p50 / p99 |",
+        "|" + "---|" * 12,
+    ]
+    for p in sorted(points, key=key_of):
+        cpu, est = p["cpu_ms_per_step"], p["estimated_per_step"]
+        batches = p["messages_per_step"].get("constructor", {}).get("sent:Batch", {})
+        cells = [
+            p["ranks"], p["sources"], p["mode"],
+            *(f"{cpu.get(role, 0):.0f}" for role in ("planner", "loader", "nodes")),
+            *(f"{est[k]:.0f}" for k in ("loaders_sent_payloads", "constructors_relayed_payloads",
+                                         "planner_sent_plans")),
+            f"{batches.get('messages', 0):.0f}", p["cpu_us_per_node_message"],
+            f"{p['step_ms_p50']:.0f} / {p['step_ms_p99']:.0f}",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def messages_table(points: list[dict[str, Any]]) -> str:
     """Messages per step by role and kind, measured where the Constructors and ranks are."""
     lines = [
@@ -299,8 +324,9 @@ def main() -> None:
         write(args.out, "scale-quick" if args.quick else "scale", [])
         return
     if args.quick:
-        args.nodes, args.sources, args.measure_s, args.max_s = [8, 16], [100], 8.0, 40.0
-    fanouts = args.fanout or ([None, DEFAULT_FANOUT] if fanout_supported() else [None])
+        args.nodes, args.sources, args.measure_s, args.max_s = [8, 16], [100], 5.0, 30.0
+    tree = QUICK_FANOUT if args.quick else DEFAULT_FANOUT  # quick: 16 nodes still make a tree
+    fanouts = args.fanout or ([None, tree] if fanout_supported() else [None])
     if any(f is not None for f in fanouts) and not fanout_supported():
         parser.error("this msd has no constructor.fanout yet: only --fanout direct can run")
     # Every process a point starts is stopped in a finally block: let both signals reach it
@@ -330,7 +356,7 @@ def write(out: Path, name: str, new: list[dict[str, Any]]) -> None:
     path = out / f"{name}.json"
     points = merged(path, new)
     path.write_text(json.dumps({"machine": machine(), "points": points}, indent=1) + "\n")
-    text = table(points) + "\n\n" + messages_table(points) + "\n"
+    text = "\n\n".join((table(points), costs_table(points), messages_table(points))) + "\n"
     (out / f"{name}.md").write_text(text)
     drew = plot(points, out / f"{name}.png")
     print(f"wrote {path}" + (f" and {name}.png" if drew else " (no matplotlib: no plot)"))
