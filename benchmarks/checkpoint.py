@@ -12,6 +12,11 @@ Three measurements, written to ``benchmarks/results/checkpoint.json``:
   * throughput — ``recipes/quickstart-bpe.yaml`` with a trainer that does no compute (the data
     plane is the bottleneck), runs alternating: a snapshot every step vs checkpoints off
     (``checkpoint.enabled: false``); steady tokens/s and the ratio (target ≥ 0.98);
+  * many (``--parts many``) — a job of 1,000 tiny sources (`msd synth` data in a temporary
+    folder; 5 loader processes of 200 sources; 4 ranks, 16,384 tokens a step; no compute),
+    runs alternating: a snapshot every ``MANY_EVERY`` steps vs checkpoints off; tokens/s, the
+    p99 and longest interval between a rank's batches, the snapshot's size and what encoding
+    it costs the Planner's loop (median of 20);
   * recovery — the same recipe with the demo trainer computing 20 ms a step; one role killed
     (SIGKILL) at step 150 of 400, ``--kills`` times per role (and a loader of a source with a
     shadow): the stall, the longest a rank went without a batch from the last one before the
@@ -54,11 +59,13 @@ from msd.checkpoint.format import (
     encode_delta,
     encode_snapshot,
 )
+from msd.checkpoint.signing import signing_key
 from msd.checkpoint.store import CheckpointStore
 from msd.launch.local import LocalJob
 from msd.plan.step import PlannerState
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe, Trainer, from_json, stream_fingerprint, to_json
+from msd.synth import SynthSource, synth
 
 ROLES = ("loader", "planner", "constructor", "trainer")
 
@@ -124,8 +131,10 @@ def size_and_time(sources: int, repeats: int = 20) -> dict[str, Any]:
 
 
 # -- throughput -----------------------------------------------------------------------------------
-def with_checkpoints(recipe: Recipe, enabled: bool) -> Recipe:
-    checkpoint = msgspec.structs.replace(recipe.checkpoint, every_steps=1, enabled=enabled)
+def with_checkpoints(recipe: Recipe, enabled: bool, every_steps: int = 1) -> Recipe:
+    checkpoint = msgspec.structs.replace(
+        recipe.checkpoint, every_steps=every_steps, enabled=enabled
+    )
     recovery = msgspec.structs.replace(recipe.recovery, restarts=3 if enabled else 0)
     return msgspec.structs.replace(recipe, checkpoint=checkpoint, recovery=recovery)
 
@@ -137,6 +146,85 @@ def throughput(recipe: Recipe, run_root: Path, warmup: int) -> float:
     if not outcome.ok:
         raise SystemExit(f"msd run failed: {outcome.message}")
     return _steady_tokens_per_s(_rank_records(outcome.job.root), warmup)
+
+
+# -- many sources -------------------------------------------------------------------------------
+MANY = 1000
+MANY_EVERY = 10
+
+
+def many_sources_recipe(data: Path, steps: int) -> Recipe:
+    """A job of ``MANY`` tiny sources in ``data`` (written there if missing), no compute."""
+    tiny = [
+        SynthSource(f"s{i:04d}", median_tokens=30, sigma=0.5, max_tokens=200, num_samples=60)
+        for i in range(MANY)
+    ]
+    if not (data / tiny[-1].name).exists():
+        synth(data, tiny, seed=2, files_per_source=1, rows_per_row_group=20)
+    doc = {
+        "name": "many",
+        "steps": steps,
+        "seq_len": 2048,
+        "global_batch_tokens": 16384,
+        "distribute": {"dp": 4},
+        "loader": {"sources_per_process": 200},
+        "sources": [
+            {"name": s.name, "path": str(data / s.name / "*.parquet"), "text_column": "text"}
+            | {"weight": 1 + i % 7, "repeat": True}
+            for i, s in enumerate(tiny)
+        ],
+        "trainer": {"command": "demo", "demo": {"step_ms": 0}},
+    }
+    return from_json(json.dumps(doc).encode())
+
+
+def many_run(recipe: Recipe, run_root: Path, warmup: int) -> dict[str, Any]:
+    """Steady tokens/s, the p99 interval between a rank's batches, the last snapshot's size."""
+    job = LocalJob(recipe, "# benchmark\n", run_root)
+    job.start()
+    outcome = job.watch(lambda status: None)
+    if not outcome.ok:
+        raise SystemExit(f"msd run failed: {outcome.message}")
+    records = _rank_records(outcome.job.root)
+    gaps: list[float] = []
+    for path in (outcome.job.root / "trainer").glob("rank-*.jsonl"):
+        rank = sorted((json.loads(line) for line in path.read_text().splitlines()), key=_step)
+        gaps += np.diff([r["time"] for r in rank[warmup:]]).tolist()
+    snapshots = sorted((outcome.job.root / "checkpoints").glob("step-*.json"))
+    found = {
+        "tokens_per_s": _steady_tokens_per_s(records, warmup),
+        "gap_p99_ms": float(np.percentile(gaps, 99)) * 1000,
+        "gap_max_ms": max(gaps) * 1000,
+    }
+    if snapshots:
+        data = snapshots[-1].read_bytes()
+        snap = decode_snapshot(data, snapshots[-1])
+        key = signing_key(outcome.job.keys())
+        encodes = []
+        for _ in range(20):
+            started = time.perf_counter()
+            encode_snapshot(snap, key)
+            encodes.append(time.perf_counter() - started)
+        found |= {"snapshot_bytes": len(data), "encode_ms": statistics.median(encodes) * 1000}
+    return found
+
+
+def _step(record: dict[str, Any]) -> int:
+    return int(record["step"])
+
+
+def many_sources(data: Path, runs: Path, steps: int, warmup: int, pairs: int) -> dict[str, Any]:
+    base = many_sources_recipe(data, steps)
+    many_run(with_checkpoints(base, False), runs, warmup)  # caches warm; not counted
+    rows = []
+    for pair in range(pairs):
+        order = (True, False) if pair % 2 == 0 else (False, True)
+        got = {on: many_run(with_checkpoints(base, on, MANY_EVERY), runs, warmup) for on in order}
+        rows.append({"every_step": got[True], "off": got[False]})
+        print(json.dumps(rows[-1]), flush=True)
+    on = statistics.mean(r["every_step"]["tokens_per_s"] for r in rows)
+    off = statistics.mean(r["off"]["tokens_per_s"] for r in rows)
+    return {"sources": MANY, "every_steps": MANY_EVERY, "pairs": rows, "ratio_of_means": on / off}
 
 
 # -- recovery -----------------------------------------------------------------------------------
@@ -259,6 +347,11 @@ def main() -> None:
         mean_off = statistics.mean(p["off"] for p in pairs)
         results["throughput"] = {"pairs": pairs, "ratio_of_means": mean_on / mean_off}
         print(json.dumps({"ratio_of_means": mean_on / mean_off}), flush=True)
+    if "many" in args.parts:
+        with tempfile.TemporaryDirectory() as tmp:
+            many = many_sources(Path(tmp), runs, args.steps, args.warmup, args.pairs)
+        results["many_sources"] = many
+        print(json.dumps({"ratio_of_means": many["ratio_of_means"]}), flush=True)
     if "recovery" in args.parts:
         computing = with_trainer(load_recipe(args.recipe), 400, 20.0)
         cases = [(role, computing, role) for role in ROLES]

@@ -100,7 +100,7 @@ def render(data: dict[str, Any], every_row: bool = False) -> Group:
         )
     constructors = _table(
         "constructors",
-        ["constructor", "node", "pid", "state", "CPU %", "PSS", "ready", "rejected"],
+        ["constructor", "node", "pid", "state", "CPU %", "PSS", "ready", "relayed", "rejected"],
     )
     shown_constructors, other_constructors = shortlist(data["constructors"], process_first, limit)
     for c in shown_constructors:
@@ -112,6 +112,7 @@ def render(data: dict[str, Any], every_row: bool = False) -> Group:
             f"{c['cpu_percent']:.0f}",
             _mib(c["pss_bytes"]),
             _mib(c["ready_bytes"]),
+            _mib(c.get("relayed_bytes", 0)),
             _rejected(c.get("rejected", {})),
         )
     lifecycle = ", ".join(f"{k} {v:,}" for k, v in sorted(planner["lifecycle"].items()))

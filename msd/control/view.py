@@ -280,6 +280,8 @@ def _constructor_view(role: _Role, state: str) -> ConstructorView:
         pss_bytes=stats.pss_bytes if stats else 0,
         ready_bytes=stats.ready_bytes if stats else 0,
         rejected=stats.rejected if stats else {},
+        relayed=stats.relayed if stats else 0,
+        relayed_bytes=stats.relayed_bytes if stats else 0,
     )
 
 

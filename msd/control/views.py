@@ -58,6 +58,8 @@ class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):
     pss_bytes: int
     ready_bytes: int
     rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
+    relayed: int = 0  # payload messages passed on to other Constructors (msd.plan.fanout)
+    relayed_bytes: int = 0
 
 
 class RankView(msgspec.Struct, frozen=True, kw_only=True):

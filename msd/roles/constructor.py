@@ -124,6 +124,7 @@ class Constructor:
         self.index: int | None = None  # this Constructor's number, once payloads are relayed
         self.unrelayed: list[tuple[Payload, list[memoryview]]] = []  # until the Welcome
         self.unrelayed_bytes = 0
+        self.relayed = self.relayed_bytes = 0  # payloads passed on, and their bytes
         self.plans: dict[int, Plan] = {}
         self.intake = Intake(self.rejects, early_cap_bytes(recipe, len(self.groups)))
         self.ready: dict[tuple[int, int, int], Ready] = {}
@@ -248,6 +249,8 @@ class Constructor:
         own = parts.pop(me, None)
         for hop, (part, part_buffers) in parts.items():
             self.out.send(hop, part, part_buffers)
+            self.relayed += 1
+            self.relayed_bytes += sum(memoryview(b).nbytes for b in part_buffers)
         if own is not None:
             self._take(own[0], own[1])
 
@@ -438,6 +441,8 @@ class Constructor:
             ranks=tuple(ranks),
             ready_bytes=ready,
             rejected=self.rejects.snapshot(),
+            relayed=self.relayed,
+            relayed_bytes=self.relayed_bytes,
         )
 
     def _report_progress(self) -> None:

@@ -335,6 +335,8 @@ class Stats(_Msg, frozen=True, tag=int(Kind.STATS)):
     ranks: tuple[RankLoad, ...] = ()
     ready_bytes: int = 0
     rejected: dict[str, int] = {}  # messages dropped since the process started, by reason
+    relayed: int = 0  # a Constructor: payload messages it passed on to others (and their bytes)
+    relayed_bytes: int = 0
 
 
 class SetMix(_Msg, frozen=True, tag=int(Kind.SET_MIX)):

@@ -56,6 +56,16 @@ def test_a_snapshot_round_trips_as_plain_json() -> None:
     assert decode_snapshot(data, Path("x")) == original
 
 
+@pytest.mark.parametrize("key", [None, b"k" * 32])
+def test_a_snapshot_is_the_document_dumped_whole_with_sorted_keys(key: bytes | None) -> None:
+    """The body is encoded once and spliced in: the bytes are those of dumping the whole
+    document, as checkpoints were always written."""
+    data = encode_snapshot(snap(PlannerState(7, (3, 4, 5), ((1, 2), (0, 1)))), key)
+    doc = json.loads(data)
+    assert ("hmac" in doc) == (key is not None)
+    assert data == json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [

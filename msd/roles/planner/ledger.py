@@ -33,6 +33,7 @@ class Ledger:
 
     def __init__(self, job: JobDir, recipe: Recipe, stream: Stream) -> None:
         self.recipe = recipe
+        self.recipe_json = json.loads(to_json(recipe))  # in every snapshot: encoded once
         self.stream = stream
         self.enabled = recipe.checkpoint.enabled
         self.store = CheckpointStore(
@@ -126,7 +127,7 @@ class Ledger:
         snap = Snapshot(
             state=self.states[self.logged],
             fingerprint=stream_fingerprint(self.recipe),
-            recipe=json.loads(to_json(self.recipe)),
+            recipe=self.recipe_json,
             num_rows=self.stream.spec.num_rows,
             mix_history=tuple(change_json(self.recipe, c) for c in self.stream.changes),
             totals=Totals(
