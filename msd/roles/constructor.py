@@ -422,6 +422,12 @@ class Constructor:
         batch = Batch(step=step, tensors=tuple(ready.tensors[n] for n in names), frames=frames)
         transport.send(self.clients, batch, [buffer], to=identity)
 
+    def close(self) -> None:
+        """Close its sockets (what was sent last still goes out, for ``LINGER_MS``)."""
+        self.out.close()
+        for sock in (self.clients, self.payloads_in, self.planner):
+            sock.close()
+
     def _stats(self) -> Stats:
         cpu_s, pss = process_usage()
         ranks = []
@@ -490,4 +496,8 @@ def early_cap_bytes(recipe: Recipe, groups: int) -> int:
 
 
 def main(job: JobDir, node: str, ranks: tuple[int, ...]) -> None:
-    Constructor(job, job.recipe(), node, ranks).run()
+    constructor = Constructor(job, job.recipe(), node, ranks)
+    try:
+        constructor.run()
+    finally:
+        constructor.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,10 +16,15 @@ from msd.wire.protocol import Message, decode, encode
 from msd.wire.rejects import Rejects
 
 LINGER_MS = 1000
+# ZeroMQ's default is 1,023 sockets per context: a loader sending straight to a thousand
+# Constructors (``constructor.fanout: null``) opens one each.
+MAX_SOCKETS = 65536
 
 
 def context() -> zmq.Context[Any]:
     ctx: zmq.Context[Any] = zmq.Context.instance()
+    if ctx.get(zmq.MAX_SOCKETS) < MAX_SOCKETS:
+        ctx.set(zmq.MAX_SOCKETS, MAX_SOCKETS)  # takes effect before the first socket only
     return ctx
 
 
@@ -87,19 +93,22 @@ def _server(
 
 
 _AUTHENTICATORS: dict[int, zmq.auth.thread.ThreadAuthenticator] = {}
+_AUTHENTICATORS_LOCK = threading.Lock()
 
 
 def admit_only(ctx: zmq.Context[Any], keys: JobKeys) -> zmq.auth.thread.ThreadAuthenticator:
-    """The context's authenticator (started once per context): CURVE servers admit the job's
-    client key only."""
-    auth = _AUTHENTICATORS.get(id(ctx))
-    if auth is not None and auth.is_alive():
+    """The context's authenticator (started once per context, whichever thread asks first):
+    CURVE servers admit the job's client key only."""
+    with _AUTHENTICATORS_LOCK:
+        auth = _AUTHENTICATORS.get(id(ctx))
+        if auth is not None and auth.is_alive():
+            return auth
+        auth = zmq.auth.thread.ThreadAuthenticator(ctx, log=_QUIET)
+        auth.start()
+        provider = _OneKey(keys.client_public)
+        auth.configure_curve_callback(domain="*", credentials_provider=provider)
+        _AUTHENTICATORS[id(ctx)] = auth
         return auth
-    auth = zmq.auth.thread.ThreadAuthenticator(ctx, log=_QUIET)
-    auth.start()
-    auth.configure_curve_callback(domain="*", credentials_provider=_OneKey(keys.client_public))
-    _AUTHENTICATORS[id(ctx)] = auth
-    return auth
 
 
 class _OneKey:
