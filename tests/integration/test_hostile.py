@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -306,46 +306,69 @@ def rejected(view: Any) -> tuple[int, int]:
 def test_garbage_from_a_key_holder_is_dropped_counted_and_changes_nothing(
     tmp_path: Path, small_data: Path, reference: dict
 ) -> None:
-    launcher = launch(tmp_path, small_data, step_ms=600)  # runs on while it is checked
+    launcher = launch(tmp_path, small_data)
     job = running(launcher)
-    ports = data_ports(launcher, job)
-    keys = job.keys()
-    step = step_now(job)
-    rng = random.Random(20261201)
-    ctx = zmq.Context()
-    (planner_port,) = ports["planner"]
-    sent = 0
-    for port in ports["constructor"] + [planner_port]:
-        endpoint = f"tcp://127.0.0.1:{port}"
-        dealer = transport.connect(ctx, zmq.DEALER, endpoint, keys=keys)
-        pusher = transport.connect(ctx, zmq.PUSH, endpoint, keys=keys)
-        payloads = port != planner_port and _is_payload_port(job, port)
-        handshaken(pusher if payloads else dealer)  # the other kind is refused
-        valid = (
-            to_planner(step)
-            if port == planner_port
-            else (to_constructor_payloads(step) + to_constructor_clients(step))
+    with trainers_paused(launcher):  # the job cannot end while it is checked
+        ports = data_ports(launcher, job)
+        keys = job.keys()
+        step = step_now(job)
+        rng = random.Random(20261201)
+        ctx = zmq.Context()
+        (planner_port,) = ports["planner"]
+        sent = 0
+        for port in ports["constructor"] + [planner_port]:
+            endpoint = f"tcp://127.0.0.1:{port}"
+            dealer = transport.connect(ctx, zmq.DEALER, endpoint, keys=keys)
+            pusher = transport.connect(ctx, zmq.PUSH, endpoint, keys=keys)
+            payloads = port != planner_port and _is_payload_port(job, port)
+            handshaken(pusher if payloads else dealer)  # the other kind is refused
+            valid = (
+                to_planner(step)
+                if port == planner_port
+                else (to_constructor_payloads(step) + to_constructor_clients(step))
+            )
+            for frames in garbage(rng, valid, 150):
+                sock = pusher if rng.random() < 0.5 else dealer
+                sock.send_multipart(frames)
+                sent += 1
+            time.sleep(0.2)
+            for sock in (dealer, pusher):
+                sock.close(linger=10_000)
+        ctx.term()
+        counts = wait_for(
+            lambda: rejected(request(job, StatusRequest(), Status).view),
+            lambda c: c[0] > 0 and c[1] > 0,
+            launcher,
+            timeout_s=30,
         )
-        for frames in garbage(rng, valid, 150):
-            sock = pusher if rng.random() < 0.5 else dealer
-            sock.send_multipart(frames)
-            sent += 1
-        time.sleep(0.2)
-        for sock in (dealer, pusher):
-            sock.close(linger=10_000)
-    ctx.term()
-    counts = wait_for(
-        lambda: rejected(request(job, StatusRequest(), Status).view),
-        lambda c: c[0] > 0 and c[1] > 0,
-        launcher,
-        timeout_s=30,
-    )
     job_root = finish(launcher)
     assert sent == 450
     assert counts[0] > 0 and counts[1] > 0  # both counted what they dropped
     logs = "\n".join(p.read_text() for p in (job_root / "logs").glob("*"))
     assert "dropped a message (malformed" in logs
     assert digests(job_root) == reference
+
+
+@contextmanager
+def trainers_paused(launcher: Launcher) -> Iterator[None]:
+    """The job's trainer ranks stopped (SIGSTOP) meanwhile: the data plane runs on, a step or
+    two ahead, and waits for them."""
+    trainers = [p for p in processes_of_launcher(launcher.pid) if _is_trainer(p)]
+    assert trainers
+    for p in trainers:
+        p.suspend()
+    try:
+        yield
+    finally:
+        for p in trainers:
+            with suppress(psutil.NoSuchProcess):
+                p.resume()
+
+
+def _is_trainer(proc: psutil.Process) -> bool:
+    with suppress(psutil.NoSuchProcess):
+        return "msd.trainer.demo" in " ".join(proc.cmdline())
+    return False
 
 
 def handshaken(sock: zmq.Socket[Any], timeout_s: float = 30) -> None:
