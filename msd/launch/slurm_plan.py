@@ -30,7 +30,7 @@ class Submission:
 
 def ranks_per_node(recipe: Recipe) -> int:
     trainer = recipe.trainer or Trainer()
-    per_node = trainer.tasks_per_node or -(-recipe.world_size // trainer.nodes)
+    per_node = recipe.ranks_per_node
     if per_node * trainer.nodes != recipe.world_size:
         raise LaunchError(
             f"trainer: {trainer.nodes} nodes × {per_node} tasks per node is not the "

@@ -416,18 +416,17 @@ def _check_trainer(recipe: Recipe) -> list[Problem]:
         fix = f"set ranks to {world} or omit it"
         what = f"must equal dp * pp * cp * tp = {world}, got {trainer.ranks}"
         problems.append(Problem("trainer.ranks", f"{what}; {fix}"))
-    problems += _check_nodes(trainer, world)
+    problems += _check_nodes(trainer, world, recipe.ranks_per_node)
     fix = "use a non-negative time in milliseconds"
     return problems + _finite_at_least_0("trainer.demo.step_ms", trainer.demo.step_ms, fix)
 
 
-def _check_nodes(trainer: Trainer, world: int) -> list[Problem]:
+def _check_nodes(trainer: Trainer, world: int, per_node: int) -> list[Problem]:
     """The ranks fill ``nodes`` nodes of ``tasks_per_node`` each (on SLURM, and locally, where
     each node is simulated by its own Constructor)."""
     problems = _at_least("trainer.nodes", trainer.nodes, 1, "run on at least 1 node")
     if problems:
         return problems
-    per_node = trainer.tasks_per_node or -(-world // trainer.nodes)
     if per_node * trainer.nodes != world:
         what = f"{trainer.nodes} nodes × {per_node} tasks per node is not the {world} ranks"
         fix = "set trainer.nodes and tasks_per_node to match dp * pp * cp * tp"

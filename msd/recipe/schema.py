@@ -405,6 +405,13 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return d.dp * d.pp * d.cp * d.tp
 
     @property
+    def ranks_per_node(self) -> int:
+        """Trainer ranks on each of ``trainer.nodes`` nodes: ``tasks_per_node``, else the ranks
+        shared out evenly (a valid recipe's nodes hold exactly ``world_size``)."""
+        trainer = self.trainer or Trainer()
+        return trainer.tasks_per_node or -(-self.world_size // max(1, trainer.nodes))
+
+    @property
     def rows_per_rank(self) -> int:
         """Packed rows of ``seq_len`` tokens each DP rank receives per step."""
         return self.global_batch_tokens // (self.distribute.dp * self.seq_len)

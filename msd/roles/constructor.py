@@ -40,6 +40,7 @@ from msd.wire.protocol import (
     Ended,
     Get,
     Payload,
+    PayloadLayout,
     Plan,
     Progress,
     RankLoad,
@@ -468,13 +469,11 @@ class Constructor:
 def payload_samples(msg: Payload, buffers: list[memoryview]) -> list[Sample]:
     """Each sample of a payload: views on its frames (no copy), its images if it has any."""
     tokens = np.frombuffer(buffers[0], dtype=msg.token_dtype)  # checked on decode
-    bounds = np.cumsum((0, *msg.lengths)).tolist()
+    layout = PayloadLayout.of(msg)
+    bounds, first, rows, grids = layout.bounds, layout.first, layout.rows, layout.grids
     images: list[SampleImages | None] = [None] * len(msg.gpos)
     if msg.images:
-        grids = np.array(msg.grids, dtype=np.int64).reshape(-1, 3)
         patches = np.frombuffer(buffers[1], dtype=np.uint8).reshape(-1, msg.patch_values)
-        first = np.cumsum((0, *msg.images)).tolist()
-        rows = np.cumsum(np.concatenate(([0], grids[:, 1] * grids[:, 2]))).tolist()
         for i, n in enumerate(msg.images):
             if n:
                 own = grids[first[i] : first[i] + n]

@@ -163,6 +163,28 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
 TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "int32"})
 
 
+class PayloadLayout(msgspec.Struct, frozen=True):
+    """Where each sample of a payload lies in its buffers: its tokens are ``bounds[i] ..
+    bounds[i + 1]``, its images ``first[i] .. first[i + 1]``, image k's patches ``rows[k] ..
+    rows[k + 1]`` (``grids``: an image a row of frames, patch rows, patch columns)."""
+
+    bounds: list[int]
+    first: list[int]
+    rows: list[int]
+    grids: np.ndarray
+
+    @classmethod
+    def of(cls, msg: Payload) -> PayloadLayout:
+        grids = np.asarray(msg.grids, dtype=np.int64).reshape(-1, 3)
+        images = msg.images or (0,) * len(msg.gpos)
+        return cls(
+            bounds=np.cumsum((0, *msg.lengths)).tolist(),
+            first=np.cumsum((0, *images)).tolist(),
+            rows=np.cumsum(np.concatenate(([0], grids[:, 1] * grids[:, 2]))).tolist(),
+            grids=grids,
+        )
+
+
 class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
     """Planner → Constructor: the rows of one step for the DP ranks it serves.
 

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from msd.wire.protocol import Payload
+from msd.wire.protocol import Payload, PayloadLayout
 
 Part = tuple[Payload, list[Any]]  # a payload and its buffers
 
@@ -31,7 +31,8 @@ def split_payload(msg: Payload, buffers: list[Any], hop: Callable[[int], int]) -
 
 def _subset(msg: Payload, buffers: list[Any], idx: list[int]) -> Part:
     tokens = np.frombuffer(buffers[0], dtype=msg.token_dtype)
-    bounds = np.cumsum((0, *msg.lengths)).tolist()
+    layout = PayloadLayout.of(msg)
+    bounds, first, rows = layout.bounds, layout.first, layout.rows
     part = msgspec.structs.replace(
         msg,
         source=tuple(msg.source[i] for i in idx),
@@ -43,9 +44,6 @@ def _subset(msg: Payload, buffers: list[Any], idx: list[int]) -> Part:
     token_buffer = np.concatenate(kept) if kept else tokens[:0]
     if not msg.images:
         return part, [token_buffer]
-    first = np.cumsum((0, *msg.images)).tolist()  # each sample's first image
-    grids = np.asarray(msg.grids, dtype=np.int64).reshape(-1, 3)
-    rows = np.cumsum(np.concatenate(([0], grids[:, 1] * grids[:, 2]))).tolist()
     patches = np.frombuffer(buffers[1], dtype=np.uint8).reshape(-1, msg.patch_values)
     images = [range(first[i], first[i + 1]) for i in idx]
     part = msgspec.structs.replace(
