@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+IN_ORDER_CHUNK = 2048  # samples ``pack_in_order`` turns into Python numbers at once
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -108,26 +110,32 @@ def pack_in_order(
     """
     row_tokens, per_rank = shape.row_tokens, shape.rows_per_rank
     free = [row_tokens] * shape.num_rows
-    row_of = [-1] * len(lengths)
-    cost = [0.0] * len(lengths) if costs is None else costs.tolist()
+    row_of = np.full(len(lengths), -1, dtype=np.int64)
     first, end = 0, per_rank  # the current rank's rows: [first, end)
     load = 0.0  # of the current rank, summed in sample order like ``sum_by_rank``
-    for i, length in enumerate(lengths.tolist()):
-        if length > row_tokens:  # fits no rank: must not use them all up
-            continue
-        row = first
-        while row < end and free[row] < length:
-            row += 1
-        if row == end:
-            if end == len(free):
-                break
-            first, end, load = end, end + per_rank, 0.0
-        free[row] -= length
-        row_of[i] = row
-        load += cost[i]
-        if load >= stop_at:
-            return None
-    return np.fromiter(row_of, dtype=np.int64, count=len(row_of))
+    # A chunk of samples at a time: with ``stop_at``, usually only the first ranks are walked.
+    for start in range(0, len(lengths), IN_ORDER_CHUNK):
+        chunk = lengths[start : start + IN_ORDER_CHUNK].tolist()
+        cost = [0.0] * len(chunk) if costs is None else costs[start : start + len(chunk)].tolist()
+        rows = [-1] * len(chunk)
+        for i, length in enumerate(chunk):
+            if length > row_tokens:  # fits no rank: must not use them all up
+                continue
+            row = first
+            while row < end and free[row] < length:
+                row += 1
+            if row == end:
+                if end == len(free):
+                    row_of[start : start + i] = rows[:i]
+                    return row_of
+                first, end, load = end, end + per_rank, 0.0
+            free[row] -= length
+            rows[i] = row
+            load += cost[i]
+            if load >= stop_at:
+                return None
+        row_of[start : start + len(rows)] = rows
+    return row_of
 
 
 def fill_least_loaded(
