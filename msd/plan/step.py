@@ -8,9 +8,11 @@ lengths) only — never on timing, on how many loaders there are, or on how many
 The step's samples are then balanced over data-parallel ranks and micro-batches.
 
 ``lookup(source, gpos)`` returns the length of a sample once its loader has reported it, or
-None; then planning answers ``NeedData`` and is simply retried later with the same state. A
-lookup that also has ``many(sources, gpos)`` (the lengths of many draws, -1 for those not
-reported) is asked a chunk of draws at once.
+None; then planning answers ``NeedData`` and is retried later with the same state. A lookup that
+also has ``many(sources, gpos)`` (the lengths of many draws, -1 for those not reported) is asked
+a chunk of draws at once. ``NeedData.resume`` holds the step's selection as far as it got: passed
+back (``plan_step(..., resume=...)``), the retry continues from there instead of drawing and
+packing the step again from its first sample, with the same result.
 
 For speed, draws are made, looked up and packed a chunk at a time (``SourceDraws``,
 ``RowPacker.place_each``), with the same result as one at a time; the plan keeps its pieces as
@@ -213,6 +215,8 @@ class NeedData:
     source: int
     gpos: int
     soon: tuple[tuple[int, int], ...] = ()
+    # the selection so far, for the retry to continue (not part of what the answer says)
+    resume: Resume | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -450,14 +454,23 @@ def _look_up(lookup: Lookup, sources: np.ndarray, gpos: np.ndarray) -> tuple[np.
     return np.array(lengths[:known], dtype=np.int64), unknown
 
 
-def _select(
-    spec: StreamSpec, state: PlannerState, lookup: Lookup, patches: PatchCount | None = None
-) -> tuple[_Selection, list[int]] | NeedData:
-    """Carry first, then fresh draws, until ``carry_limit`` samples did not fit.
+@dataclass
+class Resume:
+    """A step's selection stopped at a sample whose length is not known yet: what was drawn,
+    looked up and packed so far, valid for that ``spec`` and ``state`` (the same objects)."""
 
-    Draws are looked up a chunk at a time (about as many as the rows still hold); a draw after
-    the step closes is never taken, and ``NeedData`` names the first unknown draw it needs.
-    """
+    spec: StreamSpec
+    state: PlannerState
+    sel: _Selection
+    cursors: np.ndarray
+    draws: SourceDraws
+    active: np.ndarray
+
+
+def _begin(
+    spec: StreamSpec, state: PlannerState, lookup: Lookup, patches: PatchCount | None
+) -> Resume | NeedData:
+    """A step's selection with the carried samples offered first, before any fresh draw."""
     sel = _Selection(spec, patches)
     lengths = [lookup(s, g) for s, g in state.carry]
     if None in lengths:
@@ -469,6 +482,30 @@ def _select(
     draws = SourceDraws(step_rng(spec.seed, state.step), weights)
     active = _active(spec, weights, cursors)
     draws.set_active(active)
+    return Resume(spec, state, sel, cursors, draws, active)
+
+
+def _select(
+    spec: StreamSpec,
+    state: PlannerState,
+    lookup: Lookup,
+    patches: PatchCount | None = None,
+    resume: Resume | None = None,
+) -> tuple[_Selection, list[int]] | NeedData:
+    """Carry first, then fresh draws, until ``carry_limit`` samples did not fit.
+
+    Draws are looked up a chunk at a time (about as many as the rows still hold); a draw after
+    the step closes is never taken, and ``NeedData`` names the first unknown draw it needs. What
+    was offered before it stays offered in ``NeedData.resume``: which samples form the step does
+    not depend on how draws are chunked, so continuing there gives what starting again would.
+    """
+    if resume is not None and resume.spec is spec and resume.state is state:
+        part: Resume | NeedData = resume
+    else:
+        part = _begin(spec, state, lookup, patches)
+    if isinstance(part, NeedData):
+        return part
+    sel, cursors, draws, active = part.sel, part.cursors, part.draws, part.active
     while not sel.closed and active.any():
         sources = draws.peek(sel.next_chunk())
         gpos = _positions(sources, cursors)
@@ -478,9 +515,6 @@ def _select(
         known = len(lens)
         lens = lens[: sel.within_empty_limit(lens)]
         offered = sel.offer(sources, gpos, lens, spec.carry_limit - len(sel.misfits))
-        if offered == known < len(sources) and not sel.closed:
-            soon = tuple(zip(sources[unknown].tolist(), gpos[unknown].tolist(), strict=True))
-            return NeedData(int(sources[known]), int(gpos[known]), soon)
         draws.advance(offered)
         drawn = np.bincount(sources[:offered])  # up to the largest source drawn
         cursors[: len(drawn)] += drawn
@@ -489,6 +523,9 @@ def _select(
         if len(out) and active[out].any():  # a finite source ran out: draw over the rest
             active[out] = False
             draws.set_active(active)
+        if offered == known < len(sources) and not sel.closed:
+            soon = tuple(zip(sources[unknown].tolist(), gpos[unknown].tolist(), strict=True))
+            return NeedData(int(sources[known]), int(gpos[known]), soon, part)
     return sel, cursors.tolist()
 
 
@@ -498,13 +535,15 @@ def plan_step(
     lookup: Lookup,
     encoder: EncoderCost | None = None,
     patches: PatchCount | None = None,
+    resume: Resume | None = None,
 ) -> tuple[StepPlan, PlannerState] | NeedData | EndOfStream:
     """Plan ``state.step``; returns the plan and the state after it. ``encoder``: the vision
     encoder's cost of samples with images, balanced together with the backbone's; ``patches``:
-    each piece's image patches, kept within ``spec.max_patches`` per micro-batch."""
+    each piece's image patches, kept within ``spec.max_patches`` per micro-batch; ``resume``:
+    the ``NeedData.resume`` of the last attempt (ignored unless made for this spec and state)."""
     if spec.steps is not None and state.step >= spec.steps:
         return EndOfStream(state.step)
-    selected = _select(spec, state, lookup, patches)
+    selected = _select(spec, state, lookup, patches, resume)
     if isinstance(selected, NeedData):
         return selected
     sel, cursors = selected

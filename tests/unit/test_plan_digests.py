@@ -112,12 +112,24 @@ class _Many:
         return np.array([-1 if n is None else n for n in found], dtype=np.int64)
 
 
-def _run(case: dict[str, Any], many: bool = False) -> str:
+def _run(
+    case: dict[str, Any],
+    many: bool = False,
+    reveal: np.random.Generator | None = None,
+    soon: bool = True,
+) -> str:
+    """The digest of a case's plans. ``reveal``: lengths become known a few positions of a
+    source at a time, when planning asks for them, and each retry resumes the last attempt.
+    ``soon``: a final ``NeedData`` is hashed with the other unknown draws it names (which depend
+    on how the draws were chunked), else only with the sample it waits for."""
     spec: StreamSpec = case["spec"]
     tables, patch_tables, unknown = case["tables"], case["patches"], case["unknown"]
+    revealed = [0 if reveal is not None else 1 << 62] * len(tables)  # known below these
 
     def lookup(source: int, gpos: int) -> int | None:
         if unknown is not None and gpos >= unknown:
+            return None
+        if gpos >= revealed[source]:
             return None
         return int(tables[source][gpos % len(tables[source])])
 
@@ -133,16 +145,31 @@ def _run(case: dict[str, Any], many: bool = False) -> str:
 
     digest = hashlib.sha256()
     state = PlannerState.initial(len(spec.num_rows))
-    for _ in range(12):
+    resume, steps = None, 0
+    while steps < 12:
         result = plan_step(
             spec,
             state,
             _Many(lookup) if many else lookup,
             encoder if case["encoder"] else None,
             patches if spec.max_patches is not None else None,
+            resume,
         )
+        if (
+            reveal is not None
+            and isinstance(result, NeedData)
+            and (unknown is None or result.gpos < unknown)
+        ):
+            assert result.gpos >= revealed[result.source]
+            revealed[result.source] = result.gpos + int(reveal.integers(1, 40))
+            resume = result.resume
+            continue
+        resume, steps = None, steps + 1
         if isinstance(result, (NeedData, EndOfStream)):
-            digest.update(repr(result).encode())
+            if soon or isinstance(result, EndOfStream):
+                digest.update(repr(result).encode())
+            else:
+                digest.update(repr((result.source, result.gpos)).encode())
             break
         plan, state = result
         assert plan.rows == _rows(plan)
@@ -251,6 +278,19 @@ def test_plans_are_the_recorded_ones(seed: int, recorded: dict[str, str]) -> Non
 @pytest.mark.parametrize("seed", range(0, STEP_CASES, 4))
 def test_a_lookup_of_many_draws_at_once_plans_the_same(seed: int, recorded: dict[str, str]):
     assert _run(_case(seed), many=True) == recorded[f"step-{seed}"]
+
+
+@pytest.mark.parametrize("seed", range(0, STEP_CASES, 3))
+def test_a_retry_that_resumes_where_data_ran_out_plans_the_same(
+    seed: int, recorded: dict[str, str]
+) -> None:
+    """Lengths known only a few positions ahead, each retry continuing the last attempt's
+    selection (``NeedData.resume``): the plans of planning with every length known."""
+    case, many, rng = _case(seed), seed % 2 == 0, np.random.default_rng(seed)
+    if case["unknown"] is None:
+        assert _run(case, many, reveal=rng) == recorded[f"step-{seed}"]
+    else:  # planning ends waiting for a length that never comes
+        assert _run(case, many, reveal=rng, soon=False) == _run(case, many, soon=False)
 
 
 @pytest.mark.parametrize("seed", range(PLACEMENT_CASES))

@@ -29,7 +29,7 @@ from msd.plan.hybrid_cost import HybridCost
 from msd.plan.lifecycle import SampleGraph
 from msd.plan.partition import loader_processes
 from msd.plan.spec import topology_of
-from msd.plan.step import EndOfStream, NeedData, StepPlan, plan_step
+from msd.plan.step import EndOfStream, NeedData, Resume, StepPlan, plan_step
 from msd.recipe.schema import Recipe
 from msd.roles.admission import refusal
 from msd.roles.common import FAILURE_PREFIX
@@ -88,6 +88,7 @@ class PlannerCore:
         self.stream = Stream(job, recipe, num_rows)
         self.ledger = Ledger(job, recipe, self.stream)
         self.state = self.start = self.ledger.state
+        self.resume: Resume | None = None  # the step's selection where it waited for data
         self.observer = JobObserver(tuple(s.name for s in recipe.sources))
         rescales = load_rescales(job.rescales, recipe)
         expected = {p.name for p in loader_processes(recipe, rescales) if p.standby is None}
@@ -282,11 +283,15 @@ class PlannerCore:
             started = time.perf_counter()
             encoder = self.routing.encoder_costs if self.balance_encoder else None
             patches = self.routing.images.patch_counts if self.stream.spec.max_patches else None
-            result = plan_step(self.stream.spec, self.state, self.routing.lookup, encoder, patches)
+            result = plan_step(
+                self.stream.spec, self.state, self.routing.lookup, encoder, patches, self.resume
+            )
             if isinstance(result, NeedData):
+                self.resume = result.resume  # the retry continues from there
                 self.routing.blocked = (result.source, result.gpos)
                 self.routing.want(result, self.registry.serving)
                 return
+            self.resume = None
             if isinstance(result, EndOfStream):
                 self.num_steps = result.step
                 for c in self.registry.constructors:
