@@ -196,9 +196,19 @@ class TestAWatchedJob:
             transport.connect(ctx, zmq.DEALER, endpoint, keys=create_keys(tmp_path / "other.key")),
         ]
         for sock in strangers:
-            transport.send(sock, StatusRequest())
-            transport.send(sock, SetMix(weights={"web": 0.0}, at_step=0))
-            transport.send(sock, Stop(reason="let me in"))
+            # Once the Planner has refused a stranger's handshake, ZeroMQ may hold no pipe to
+            # queue on until it reconnects: a send waits at most 2 s, and what does not go out
+            # is nothing the Planner could act on either.
+            sock.sndtimeo = 2000
+            for msg in (
+                StatusRequest(),
+                SetMix(weights={"web": 0.0}, at_step=0),
+                Stop(reason="let me in"),
+            ):
+                try:
+                    transport.send(sock, msg)
+                except zmq.Again:
+                    break
         # both watched at once for 2 s (the Planner answers its key's holders in milliseconds)
         poller = zmq.Poller()
         for sock in strangers:
