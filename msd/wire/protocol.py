@@ -166,7 +166,8 @@ TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "int32"})
 class PayloadLayout(msgspec.Struct, frozen=True):
     """Where each sample of a payload lies in its buffers: its tokens are ``bounds[i] ..
     bounds[i + 1]``, its images ``first[i] .. first[i + 1]``, image k's patches ``rows[k] ..
-    rows[k + 1]`` (``grids``: an image a row of frames, patch rows, patch columns)."""
+    rows[k + 1]`` (``grids``: an image a row of frames, patch rows, patch columns). A payload
+    without images (``msg.images`` empty) has only ``bounds``; the rest stay empty."""
 
     bounds: list[int]
     first: list[int]
@@ -175,14 +176,20 @@ class PayloadLayout(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, msg: Payload) -> PayloadLayout:
+        bounds = np.cumsum((0, *msg.lengths)).tolist()
+        if not msg.images:  # text: nothing more to work out on the data path
+            return cls(bounds=bounds, first=[], rows=[], grids=_NO_GRIDS)
         grids = np.asarray(msg.grids, dtype=np.int64).reshape(-1, 3)
-        images = msg.images or (0,) * len(msg.gpos)
         return cls(
-            bounds=np.cumsum((0, *msg.lengths)).tolist(),
-            first=np.cumsum((0, *images)).tolist(),
+            bounds=bounds,
+            first=np.cumsum((0, *msg.images)).tolist(),
             rows=np.cumsum(np.concatenate(([0], grids[:, 1] * grids[:, 2]))).tolist(),
             grids=grids,
         )
+
+
+_NO_GRIDS = np.zeros((0, 3), dtype=np.int64)
+_NO_GRIDS.flags.writeable = False
 
 
 class Plan(_Msg, frozen=True, tag=int(Kind.PLAN)):
