@@ -162,31 +162,21 @@ class JobObserver:
 
         last_totals = last or _Totals(now, 0, 0, np.zeros(len(weights)), np.zeros(len(weights)))
         first_totals = first or last_totals
-        norm = sum(weights) or 1.0
         roles = list(self.roles.values())
         loader_roles = [r for r in roles if r.hello.role == "loader"]
         constructor_roles = [r for r in roles if r.hello.role == "constructor"]
-        serving, queue_samples, queue_tokens, errors = _per_source(loader_roles, len(weights))
+        per_source = _per_source(loader_roles, len(weights))
         loaders = [_loader_view(r, self._state(r, now)) for r in loader_roles]
         constructors = [_constructor_view(r, self._state(r, now)) for r in constructor_roles]
         ranks = [view for r in constructor_roles for view in _rank_views(r)]
-        sources = tuple(
-            SourceView(
-                name=name,
-                weight=round(float(weights[s]) / norm, 6),
-                samples_per_s=round(rate(first_totals.samples[s], last_totals.samples[s]), 2),
-                tokens_per_s=round(
-                    rate(first_totals.source_tokens[s], last_totals.source_tokens[s]), 1
-                ),
-                samples=int(last_totals.samples[s]),
-                tokens=int(last_totals.source_tokens[s]),
-                loaders=int(serving[s]),
-                queue_samples=int(queue_samples[s]),
-                queue_tokens=int(queue_tokens[s]),
-                errors=int(errors[s]),
-                skipped_images=skipped_images[s] if skipped_images else 0,
-            )
-            for s, name in enumerate(self.source_names)
+        sources = _source_views(
+            self.source_names,
+            weights,
+            first_totals,
+            last_totals,
+            dt,
+            per_source,
+            skipped_images or (0,) * len(self.source_names),
         )
         job = JobView(
             state=state,
@@ -240,17 +230,70 @@ class JobObserver:
         return "running" if now - role.last_at < SILENT_AFTER_S else "silent"
 
 
-def _per_source(loaders: list[_Role], sources: int) -> tuple[np.ndarray, ...]:
+def _per_source(loaders: list[_Role], sources: int) -> tuple[list[int], ...]:
     """Per source: loaders serving it, samples and tokens held unrouted, errors."""
-    serving, held, held_tokens, errors = (np.zeros(sources, dtype=np.int64) for _ in range(4))
+    serving, held, held_tokens, errors = ([0] * sources for _ in range(4))
     for role in loaders:
-        for s in role.hello.sources:
-            serving[s] += not role.retiring
+        if not role.retiring:
+            for s in role.hello.sources:
+                serving[s] += 1
         for load in role.last.sources if role.last else ():
             held[load.source] += load.held_samples
             held_tokens[load.source] += load.held_tokens
             errors[load.source] += load.errors
     return serving, held, held_tokens, errors
+
+
+def _source_views(
+    names: tuple[str, ...],
+    weights: tuple[float, ...],
+    first: _Totals,
+    last: _Totals,
+    dt: float,
+    per_source: tuple[list[int], ...],
+    skipped_images: tuple[int, ...],
+) -> tuple[SourceView, ...]:
+    """A row per source; the arithmetic done a column at a time (a job may have thousands)."""
+    norm = sum(weights) or 1.0
+    shares = np.round(np.asarray(weights, dtype=np.float64) / norm, 6).tolist()
+    if dt > 0:
+        samples_per_s = np.round((last.samples - first.samples) / dt, 2).tolist()
+        tokens_per_s = np.round((last.source_tokens - first.source_tokens) / dt, 1).tolist()
+    else:
+        samples_per_s = tokens_per_s = [0.0] * len(names)
+    samples = last.samples.astype(np.int64).tolist()
+    tokens = last.source_tokens.astype(np.int64).tolist()
+    serving, held, held_tokens, errors = per_source
+    columns = zip(
+        names,
+        shares,
+        samples_per_s,
+        tokens_per_s,
+        samples,
+        tokens,
+        serving,
+        held,
+        held_tokens,
+        errors,
+        skipped_images,
+        strict=True,
+    )
+    return tuple(
+        SourceView(
+            name=name,
+            weight=share,
+            samples_per_s=sps,
+            tokens_per_s=tps,
+            samples=n,
+            tokens=t,
+            loaders=loaders,
+            queue_samples=queued,
+            queue_tokens=queued_tokens,
+            errors=e,
+            skipped_images=skipped,
+        )
+        for (name, share, sps, tps, n, t, loaders, queued, queued_tokens, e, skipped) in columns
+    )
 
 
 def _loader_view(role: _Role, state: str) -> LoaderView:

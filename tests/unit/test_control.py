@@ -125,3 +125,47 @@ def test_the_view_reports_rates_queues_and_ranks() -> None:
     assert view.wait_p99_ms == pytest.approx(2.98)
     line = metrics_line(view, 123.0)
     assert line["step"] == 10 and line["sources"]["b"]["tokens_per_s"] == 1500.0
+
+
+def test_each_sources_row_is_its_own_numbers_among_thousands() -> None:
+    """The rows are worked out a column at a time: each is still its own source's figures
+    (rounded as shown: to 1e-6 of the mix, 0.01 samples/s, 0.1 tokens/s)."""
+    rng = np.random.default_rng(7)
+    count = 3000
+    obs = JobObserver(tuple(f"s{i}" for i in range(count)))
+    for n, sources in enumerate(np.array_split(np.arange(count), 3)):
+        hello = Hello(
+            role="loader", name=f"l{n}", version=3, pid=n, sources=tuple(sources.tolist())
+        )
+        obs.on_hello(f"l{n}", hello)
+        loads = tuple(
+            SourceLoad(int(s), 0, 0, int(s) % 5, 7 * int(s), errors=int(s) % 3) for s in sources
+        )
+        obs.on_stats(f"l{n}", Stats("loader", f"l{n}", "h", n, 1.0, 1, sources=loads), now=1.0)
+    before, after = rng.integers(0, 10**6, (2, count)), rng.integers(0, 10**6, (2, count))
+    after += before
+    obs.on_tick(0.0, 0, 0, before[0], before[1])
+    obs.on_tick(3.0, 9, 90, after[0], after[1])
+    weights = tuple((rng.random(count) * (rng.random(count) < 0.9)).tolist())
+    view = obs.view(
+        state="running",
+        planned=9,
+        steps=None,
+        uptime_s=3.0,
+        failure="",
+        weights=weights,
+        lifecycle={},
+        counts={},
+        planner_pid=1,
+        skipped_images=tuple(range(count)),
+        now=3.0,
+    )
+    norm = sum(weights)
+    assert [s.name for s in view.sources] == [f"s{i}" for i in range(count)]
+    for s, row in enumerate(view.sources):
+        assert abs(row.weight - weights[s] / norm) <= 0.5e-6 + 1e-12
+        assert abs(row.samples_per_s - (after[0][s] - before[0][s]) / 3.0) <= 0.005 + 1e-9
+        assert abs(row.tokens_per_s - (after[1][s] - before[1][s]) / 3.0) <= 0.05 + 1e-9
+        assert (row.samples, row.tokens) == (after[0][s], after[1][s])
+        assert (row.queue_samples, row.queue_tokens, row.errors) == (s % 5, 7 * s, s % 3)
+        assert row.loaders == 1 and row.skipped_images == s

@@ -24,6 +24,7 @@ from msd.plan.partition import Generation, LoaderProcess, find_process, generati
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.loader.outage import Outage
+from msd.roles.loader.pick import NextRead
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
 from msd.roles.outlets import Outlets
 from msd.sources.index import open_source
@@ -78,6 +79,7 @@ class Loader:
         for shard in self.shards.values():
             if first is not None:
                 shard.resume_at(first[shard.source])
+        self.next_read = NextRead(self.shards.values())
         self.planner = planner or connect_planner(job, f"loader/{self.name}")
         self.out = Outlets(job.keys(), recipe.constructor.fanout)
 
@@ -95,7 +97,7 @@ class Loader:
                 if all(shard.retired for shard in self.shards.values()):
                     self._retire()
                     return
-            shard = self._next_shard()
+            shard = self.next_read.pick(time.monotonic())
             for _ in dict(poller.poll(0 if shard else 100)):
                 if not self._handle(*transport.recv(self.planner)[1:]):
                     return
@@ -103,6 +105,7 @@ class Loader:
                 started = time.perf_counter()
                 meta = self._read(shard)
                 shard.busy_s += time.perf_counter() - started
+                self.next_read.changed(shard.source)
                 if meta is not None:
                     transport.send(self.planner, meta)
 
@@ -159,20 +162,6 @@ class Loader:
         host = socket.gethostname()
         return Stats("loader", self.name, host, os.getpid(), cpu_s, pss, sources=loads)
 
-    def _next_shard(self) -> SourceShard | None:
-        """A shard the Planner waits for first, else the one with the emptiest read-ahead (a
-        shard whose store failed its last read only once its retry is due)."""
-        best: SourceShard | None = None
-        now = time.monotonic()
-        for shard in self.shards.values():
-            if shard.outage is not None and shard.outage.retry_at > now:
-                continue
-            if shard.waited_for:
-                return shard
-            if shard.hungry and (best is None or shard.fill < best.fill):
-                best = shard
-        return best
-
     def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
         if isinstance(msg, Welcome):
             self.out.welcome(msg)
@@ -181,14 +170,17 @@ class Loader:
         elif isinstance(msg, Want):
             shard = self.shards[msg.source]
             shard.want = max(shard.want, msg.gpos)
+            self.next_read.changed(msg.source)
         elif isinstance(msg, Cut):
             transport.send(self.planner, CutAt(msg.source, self.shards[msg.source].cut()))
+            self.next_read.changed(msg.source)
         elif isinstance(msg, GenerationStart):
             shard = self.shards[msg.source]
             if shard.generation == msg.generation:
                 shard.begin(msg.start)
             elif shard.generation < msg.generation and shard.stop is None:
                 shard.end_at(msg.start)
+            self.next_read.changed(msg.source)
         elif isinstance(msg, Stop):
             return False
         return True
@@ -206,6 +198,7 @@ class Loader:
             self.out.send(hop, payload, buffers)
         for source, gpos in set(zip(msg.source, msg.gpos, strict=True)):
             self.shards[source].forget(gpos)
+            self.next_read.changed(source)
 
     def _payload(self, step: int, keys: list[tuple[int, int]]) -> tuple[Payload, list[np.ndarray]]:
         """The tokens of these samples back to back, and their images' patches if any."""
