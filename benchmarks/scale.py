@@ -93,6 +93,14 @@ def summarise(point: Point, raw: dict[str, Any]) -> dict[str, Any]:
         "plan_ms_p99": planner.get("plan_ms_p99"),
         "errors": [e for out in nodes_out for e in out["errors"]][:5],
     }
+    if "started_at" in raw:
+        figures["startup"] = proc.startup_phases(
+            raw["started_at"],
+            raw["planner_up_at"],
+            Path(raw["job"]) / "logs",
+            (out["started"] for out in nodes_out),
+            done_at[min(done_at)] if done_at else None,
+        )
     figures |= connection_figures(point, raw["warm"] or raw["end"])
     figures |= memory_figures(point, raw)
     figures["messages_per_step"] = {
@@ -248,6 +256,28 @@ def messages_table(points: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+STARTUP_PHASES = (
+    ("planner_up", "planner up"),
+    ("loaders_ready", "last loader ready"),
+    ("nodes_up", "last nodes process up"),
+    ("registered", "every role registered"),
+    ("first_step", "first step at every rank"),
+)
+
+
+def startup_table(points: list[dict[str, Any]]) -> str:
+    """Seconds from a point's start to each phase of its start-up (points that recorded them)."""
+    lines = [
+        "| ranks | nodes | sources | mode | " + " | ".join(h for _, h in STARTUP_PHASES) + " |",
+        "|---|---|---|---|" + "---|" * len(STARTUP_PHASES),
+    ]
+    for p in sorted((p for p in points if "startup" in p), key=key_of):
+        cells = [p["ranks"], p["nodes"], p["sources"], p["mode"]]
+        cells += ["" if (v := p["startup"][k]) is None else v for k, _ in STARTUP_PHASES]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def key_of(p: dict[str, Any]) -> tuple[int, int, str]:
     return (p["sources"], p["ranks"], p["mode"])
 
@@ -356,7 +386,8 @@ def write(out: Path, name: str, new: list[dict[str, Any]]) -> None:
     path = out / f"{name}.json"
     points = merged(path, new)
     path.write_text(json.dumps({"machine": machine(), "points": points}, indent=1) + "\n")
-    text = "\n\n".join((table(points), costs_table(points), messages_table(points))) + "\n"
+    tables = (table(points), costs_table(points), messages_table(points), startup_table(points))
+    text = "\n\n".join(tables) + "\n"
     (out / f"{name}.md").write_text(text)
     drew = plot(points, out / f"{name}.png")
     print(f"wrote {path}" + (f" and {name}.png" if drew else " (no matplotlib: no plot)"))

@@ -219,12 +219,14 @@ def run_point(point: Point, run_root: Path, data_root: Path, say: Any = print) -
     data = make_data(data_root, point.sources, point.seq_len)
     root, recipe = prepare(point, run_root, data)
     run = Run(point, root, recipe)
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     sock = None
     try:
         run.start()
         sock = planner_socket_when_up(run)
+        planner_up = time.time()
         result = watch(run, sock, started, say)
+        result |= {"started_at": started_wall, "planner_up_at": planner_up}
         transport.send(sock, Stop(reason="benchmark done"))
         result["nodes_out"] = collect(run)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import statistics
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,3 +177,50 @@ def per_step(counts: Mapping[str, list[int]], steps: int) -> dict[str, dict[str,
 def median_or_zero(values: Iterable[float]) -> float:
     listed = list(values)
     return statistics.median(listed) if listed else 0.0
+
+
+# -- start-up ---------------------------------------------------------------------------------
+def log_time(line: str) -> float | None:
+    """The wall time of one of msd's log lines (``logs.FORMAT``: local time, milliseconds)."""
+    try:
+        stamp, millis = line[:23].split(",")
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+    except ValueError:
+        return None
+
+
+def logged(paths: Iterable[Path], marker: str, latest: bool = True) -> float | None:
+    """The latest (else the earliest) time a line holding ``marker`` was logged in any of
+    these files (a file that is not there: none)."""
+    times = []
+    for path in paths:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        times += [t for line in lines if marker in line and (t := log_time(line)) is not None]
+    return (max if latest else min)(times, default=None)
+
+
+def startup_phases(
+    started: float,
+    planner_up: float | None,
+    logs: Path,
+    nodes_started: Iterable[float],
+    first_step: float | None,
+) -> dict[str, float | None]:
+    """Seconds from a point's start (wall times) to: the Planner's endpoint published; the last
+    loader ready (its sources open); the last nodes process running its Constructors (its
+    imports done); the Planner holding every role's Hello (it logs the loaders and
+    Constructors it starts with); the first step at every simulated rank."""
+
+    def since(t: float | None) -> float | None:
+        return None if t is None else round(t - started, 2)
+
+    return {
+        "planner_up": since(planner_up),
+        "loaders_ready": since(logged(logs.glob("loader-*.log"), ") ready in ")),
+        "nodes_up": since(max(nodes_started, default=None)),
+        "registered": since(logged([logs / "planner-planner.log"], " constructors", False)),
+        "first_step": since(first_step),
+    }

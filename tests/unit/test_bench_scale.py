@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
 from benchmarks import scale_proc as proc
 from benchmarks.scale import parse_fanouts, summarise
 from benchmarks.scale_job import Point, shares
+from msd import logs
 
 linux_proc = pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc")
 
@@ -103,3 +106,36 @@ def test_summary_of_a_run() -> None:
     assert f["messages_per_step"]["constructor"]["sent:Batch"] == {"messages": 4, "bytes": 800}
     assert f["estimated_per_step"]["loaders_sent_payloads"] == 4
     assert f["cpu_us_per_node_message"] == pytest.approx(1000 * 200 / 8)
+
+
+def _log_line(at: float, role: str, message: str) -> str:
+    """A line as msd's roles log it (``msd.logs.FORMAT``), made at wall time ``at``."""
+    record = logging.LogRecord("msd.x", logging.INFO, __file__, 1, message, None, None)
+    record.created, record.msecs = at, (at % 1) * 1000
+    record.role, record.step = role, "0"
+    return logging.Formatter(logs.FORMAT).format(record)
+
+
+def test_startup_phases_are_read_from_the_roles_logs(tmp_path: Path) -> None:
+    t0 = 1_780_000_000.0
+    (tmp_path / "planner-planner.log").write_text(
+        _log_line(t0 + 1.25, "planner", "planner ready")
+        + "\n"
+        + _log_line(t0 + 9.5, "planner", "4 loaders, 512 constructors")
+        + "\nnot a log line: 4 loaders, 512 constructors\n"
+        + _log_line(t0 + 30.0, "planner", "4 loaders, 520 constructors")  # a later change
+        + "\n"
+    )
+    for n, ready in enumerate((3.0, 4.75)):
+        line = _log_line(t0 + ready, f"loader[l{n}]", f"loader l{n} (25 sources) ready in 2 s")
+        (tmp_path / f"loader-l{n}.log").write_text(line + "\n")
+    phases = proc.startup_phases(t0, t0 + 0.5, tmp_path, [t0 + 2.0, t0 + 6.5], t0 + 12.0)
+    assert phases == {
+        "planner_up": 0.5,
+        "loaders_ready": 4.75,
+        "nodes_up": 6.5,
+        "registered": 9.5,
+        "first_step": 12.0,
+    }
+    none = proc.startup_phases(t0, None, tmp_path / "missing", [], None)
+    assert set(none.values()) == {None}
