@@ -95,7 +95,7 @@ class Phases:
             )
             row = mb * per_mb + np.argmin(in_mb, axis=1)
         free[at, row] -= lengths
-        return row, free.max(axis=1)
+        return row, _row_max(free)
 
     def _lighter_than_earlier(
         self, ranks: np.ndarray, lengths: np.ndarray, costs: np.ndarray, room_after: np.ndarray
@@ -114,6 +114,17 @@ class Phases:
         np.minimum.at(rival, start, load + costs)
         lighter: np.ndarray = load < np.minimum.accumulate(rival)[:size]
         return lighter
+
+
+def _row_max(values: np.ndarray) -> np.ndarray:
+    """``values.max(axis=1)``; a rank's few rows a column at a time, which numpy does several
+    times faster than reducing along the short axis."""
+    if values.shape[1] > 8 or not values.shape[1]:
+        return values.max(axis=1)  # type: ignore[no-any-return]
+    most = values[:, 0].copy()
+    for j in range(1, values.shape[1]):
+        np.maximum(most, values[:, j], out=most)
+    return most
 
 
 def _lightest(loads: np.ndarray, count: int) -> np.ndarray:

@@ -48,7 +48,7 @@ class RowPacker:
     def place(self, lengths: Sequence[int]) -> bool:
         """Place every length (as pieces ``count, count+1, ...``) or none of them."""
         whole = len(lengths) - 1  # a split sample: pieces that each fill an empty row, mostly
-        if whole > 0 and all(length == self.row_tokens for length in lengths[:-1]):
+        if whole > 0 and lengths[:-1].count(self.row_tokens) == whole:
             return self._place_split(whole, lengths[-1])
         rooms = self.rooms
         moved: list[tuple[int, int]] = []  # (room before, room after) of each piece's row
@@ -65,18 +65,19 @@ class RowPacker:
 
     def _place_split(self, whole: int, last: int) -> bool:
         """``place`` of ``whole`` pieces of ``row_tokens`` then one of ``last``: each whole one
-        takes an empty row (best fit has no other choice), the last goes best fit."""
-        full, rows_with = self.row_tokens, self.rows_with
-        if rows_with[full] < whole:  # the empty rows run out first
+        takes an empty row (best fit has no other choice), all at once; the last goes best
+        fit."""
+        full = self.row_tokens
+        if self.rows_with[full] < whole:  # the empty rows run out first
             return False
-        for _ in range(whole):
-            self._move(full, 0, len(self.rooms) - 1)
-        if self.place([last]):
-            self.count += whole
-            return True
-        for _ in range(whole):
-            self._move(0, full, 0)
-        return False
+        self._move(full, 0, count=whole)
+        k = bisect.bisect_left(self.rooms, last)
+        if k == len(self.rooms):
+            self._move(0, full, count=whole)
+            return False
+        self._move(self.rooms[k], self.rooms[k] - last, k)
+        self.count += whole + 1
+        return True
 
     def place_each(
         self, lengths: list[int], groups: dict[int, list[int]], misfits: int
@@ -120,15 +121,18 @@ class RowPacker:
         self.count += len(lengths) - len(missed) - grouped
         return len(lengths), missed
 
-    def _move(self, room: int, to: int, k: int = -1) -> None:
-        """One row's free room changes from ``room`` (at ``k`` in ``rooms``, if known) to ``to``."""
+    def _move(self, room: int, to: int, k: int = -1, count: int = 1) -> None:
+        """``count`` rows' free room changes from ``room`` (at ``k`` in ``rooms``, if known) to
+        ``to``."""
+        if room == to:
+            return
         rows_with = self.rows_with
-        rows_with[room] -= 1
+        rows_with[room] -= count
         if not rows_with[room]:
             del self.rooms[bisect.bisect_left(self.rooms, room) if k < 0 else k]
         if not rows_with[to]:
             bisect.insort(self.rooms, to)
-        rows_with[to] += 1
+        rows_with[to] += count
 
 
 def best_fit_rows(lengths: Sequence[int], num_rows: int, row_tokens: int) -> list[list[int]]:
