@@ -19,6 +19,11 @@ LINGER_MS = 1000
 # ZeroMQ's default is 1,023 sockets per context: a loader sending straight to a thousand
 # Constructors (``constructor.fanout: null``) opens one each.
 MAX_SOCKETS = 65536
+# Connections a bound socket lets wait to be accepted (the kernel caps it at
+# net.core.somaxconn). ZeroMQ's default of 100 drops the rest of a burst, such as hundreds of
+# Constructors registering with the Planner at once, and each dropped one waits for TCP to try
+# again: 1 s, then 3 s, 7 s ...
+LISTEN_BACKLOG = 4096
 
 
 def context() -> zmq.Context[Any]:
@@ -87,6 +92,7 @@ def _server(
     sock.curve_secretkey = keys.server_secret
     sock.curve_publickey = keys.server_public
     sock.curve_server = True
+    sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.RCVHWM, queue_per_peer)
     return sock
