@@ -46,15 +46,17 @@ def constructor_endpoint_name(node: str) -> str:
     return f"constructor-{node}"
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
     """Write via a temporary file and rename, so a reader never sees half a file; a failed
-    write leaves no temporary file behind (on a full disk it would hold the space)."""
+    write leaves no temporary file behind (on a full disk it would hold the space).
+    ``durable``: on disk before the rename (fsync), so that it survives a crash of the machine."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -191,8 +193,11 @@ class JobDir:
         return self.root / "endpoints" / name
 
     def publish(self, name: str, endpoint: str) -> None:
-        """Publish a role's address, stamped with the data plane's incarnation."""
-        atomic_write(self.endpoint_file(name), f"{endpoint}\n{incarnation()}\n".encode())
+        """Publish a role's address, stamped with the data plane's incarnation. Not synced to
+        disk: an address lives no longer than its process, and the fsync (~10 ms) would be paid
+        by each of hundreds of Constructors at start-up."""
+        address = f"{endpoint}\n{incarnation()}\n".encode()
+        atomic_write(self.endpoint_file(name), address, durable=False)
 
     def read_endpoint(self, name: str) -> Published | None:
         """What is published as ``name`` now (None: nothing yet)."""
