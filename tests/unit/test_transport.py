@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -14,7 +15,8 @@ BURST = 300  # more than ZeroMQ's default listen backlog of 100
 
 def test_a_burst_of_key_holders_is_queued_and_each_is_answered(tmp_path: Path) -> None:
     keys = create_keys(tmp_path / "job.key")
-    ctx = transport.context()
+    # a context of its own: a context's authenticator admits the first job's key it was given
+    ctx: zmq.Context[Any] = zmq.Context()
     server, endpoint = transport.bind(ctx, zmq.ROUTER, keys)
     # the kernel takes the smaller of this and net.core.somaxconn
     assert server.getsockopt(zmq.BACKLOG) >= 1024
@@ -33,3 +35,5 @@ def test_a_burst_of_key_holders_is_queued_and_each_is_answered(tmp_path: Path) -
     finally:
         for sock in (*clients, server):
             sock.close(linger=0)
+        transport.admit_only(ctx, keys).stop()
+        ctx.term()
