@@ -40,7 +40,10 @@ def make_data(root: Path) -> Path:
     return root
 
 
-def recipe(data: Path, autoscale: bool) -> dict[str, Any]:
+def recipe(data: Path, autoscale: bool, headroom: float | None = None) -> dict[str, Any]:
+    """The scenario's recipe; ``headroom``: ``loader.autoscale.headroom`` (None: msd's
+    default)."""
+
     def source(name: str, weight: float, fn: str) -> dict[str, Any]:
         return {
             "name": name,
@@ -50,6 +53,7 @@ def recipe(data: Path, autoscale: bool) -> dict[str, Any]:
             "transform": {"kind": "function", "function": f"benchmarks.cost_transforms:{fn}"},
         }
 
+    planned = {} if headroom is None else {"headroom": headroom}
     return {
         "name": "auto" if autoscale else "fixed",
         "seed": 1,
@@ -69,19 +73,19 @@ def recipe(data: Path, autoscale: bool) -> dict[str, Any]:
                 {"step": RAMP[1], "weights": {"web": 0.2, "code": 0.2, "slow": 0.6}},
             ],
         },
-        "loader": {"autoscale": {"enabled": autoscale, "max_loaders": 8, "lead_s": 10}},
+        "loader": {"autoscale": {"enabled": autoscale, "max_loaders": 8, "lead_s": 10} | planned},
         "metrics": {"every_s": 1},
         "trainer": {"command": "demo", "demo": {"step_ms": 150}},
     }
 
 
-def run(workdir: Path, data: Path, autoscale: bool) -> Path:
+def run(workdir: Path, data: Path, autoscale: bool, headroom: float | None = None) -> Path:
     """``msd launch`` the scenario in ``workdir``; return the job folder."""
     import yaml
 
     name = "auto" if autoscale else "fixed"
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(recipe(data, autoscale)))
+    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(recipe(data, autoscale, headroom)))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),

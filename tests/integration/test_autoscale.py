@@ -15,6 +15,8 @@ import pytest
 
 from benchmarks.autoscale import RAMP, STEPS, WARMUP, generations, make_data, run, summary, waits
 
+HEADROOM = 0.5
+
 
 @pytest.fixture(scope="module")
 def ramp_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -24,7 +26,10 @@ def ramp_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_loaders_are_added_before_the_ramp_and_trainers_do_not_wait(
     tmp_path: Path, ramp_data: Path
 ) -> None:
-    auto = run(tmp_path, ramp_data, autoscale=True)
+    # A loader's measured capacity falls as more loaders, the 4 ranks and whatever else runs
+    # share this machine's 2 cores: planned on half of it (msd's default is 0.7), the slow
+    # source's loaders keep up with its 60 % share even on a busy machine.
+    auto = run(tmp_path, ramp_data, autoscale=True, headroom=HEADROOM)
     fixed = run(tmp_path, ramp_data, autoscale=False)
     print(json.dumps({"autoscale": summary(auto, WARMUP), "fixed": summary(fixed, RAMP[1])}))
     decided = generations(auto)
