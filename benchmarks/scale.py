@@ -91,7 +91,11 @@ def summarise(point: Point, raw: dict[str, Any]) -> dict[str, Any]:
         "step_ms_p99": round(proc.percentile(gaps, 99), 1),
         "plan_ms_p50": planner.get("plan_ms_p50"),
         "plan_ms_p99": planner.get("plan_ms_p99"),
-        "errors": [e for out in nodes_out for e in out["errors"]][:5],
+        "steps_per_s_planner": planner_steps_per_s(raw),
+        "constructors_running_at_end": sum(out.get("constructors_running", 0) for out in nodes_out),
+        "errors": (missing_outputs(point, nodes_out) + [e for o in nodes_out for e in o["errors"]])[
+            :5
+        ],
     }
     if "started_at" in raw:
         figures["startup"] = proc.startup_phases(
@@ -109,6 +113,22 @@ def summarise(point: Point, raw: dict[str, Any]) -> dict[str, Any]:
     figures |= cost_figures(raw, figures["messages_per_step"])
     figures["estimated_per_step"] = estimates(figures["messages_per_step"], figures)
     return figures
+
+
+def planner_steps_per_s(raw: dict[str, Any]) -> float | None:
+    """Steps consumed per second between the warm and the end snapshots, as the Planner counted
+    them: a check on the ranks' own figure, and the only one if a nodes process wrote none."""
+    warm, end = raw.get("warm"), raw.get("end")
+    if not warm or not end or end["time"] <= warm["time"]:
+        return None
+    return round((end["step"] - warm["step"]) / (end["time"] - warm["time"]), 3)
+
+
+def missing_outputs(point: Point, nodes_out: list[dict[str, Any]]) -> list[str]:
+    missing = point.node_processes - len(nodes_out)
+    if missing <= 0:
+        return []
+    return [f"{missing} of {point.node_processes} nodes processes wrote no figures"]
 
 
 def connection_figures(point: Point, snap: dict[str, Any]) -> dict[str, Any]:
@@ -193,6 +213,7 @@ COLUMNS = (
     ("mode", "mode"),
     ("steps_done", "steps"),
     ("steps_per_s", "steps/s"),
+    ("steps_per_s_planner", "steps/s (Planner)"),
     ("plan_ms_p50", "plan p50 ms"),
     ("plan_ms_p99", "plan p99 ms"),
     ("connections_per_loader", "conns/loader"),

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from benchmarks import scale_nodes
 from benchmarks import scale_proc as proc
 from msd.control.client import planner_socket
 from msd.jobdir import JobDir
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_PER_SOURCE = 400
 STATUS_EVERY_S = 1.0
 END_WAIT_S = 60.0  # for the nodes' processes to write their figures after Stop
+WRITE_WAIT_S = 30.0  # for a late one to write them once told to (scale_nodes.WRITE_NOW)
 Fanout = int | None  # None: direct transfer
 
 
@@ -157,6 +159,11 @@ class Run:
             argv += ["--first", str(first), "--count", str(count), "--out", str(out)]
             argv += ["--ranks-per-node", str(self.point.ranks_per_node)]
             self._start("nodes", str(first), argv)
+
+    @property
+    def nodes(self) -> list[procs.Child]:
+        """The nodes processes, in the order of ``outs``."""
+        return [c for c in self.children if c.role == "nodes"]
 
     def pids(self, role: str) -> list[int]:
         return [c.popen.pid for c in self.children if c.role == role]
@@ -292,15 +299,23 @@ def watch(run: Run, sock: Any, started: float, say: Any) -> dict[str, Any]:
 
 
 def collect(run: Run) -> list[dict[str, Any]]:
-    """What each nodes process wrote once its Constructors returned (after Stop)."""
-    deadline = time.monotonic() + END_WAIT_S
-    outs = []
-    for out in run.outs:
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if out.exists():
-            outs.append(json_load(out))
-    return outs
+    """What each nodes process wrote once its Constructors returned (after Stop). A process
+    whose Constructors are still busy after ``END_WAIT_S`` (the 2 cores can be that far behind)
+    is told to write what it has at once; one that still writes nothing is missing from the
+    list, which the figures then say."""
+    _wait_for(run.outs, END_WAIT_S)
+    late = [child for child, out in zip(run.nodes, run.outs, strict=True) if not out.exists()]
+    for child in late:
+        if child.popen.poll() is None:
+            child.popen.send_signal(scale_nodes.WRITE_NOW)
+    _wait_for(run.outs, WRITE_WAIT_S)
+    return [json_load(out) for out in run.outs if out.exists()]
+
+
+def _wait_for(paths: list[Path], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def json_load(path: Path) -> dict[str, Any]:

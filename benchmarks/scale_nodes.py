@@ -8,8 +8,9 @@ CURVE DEALER socket to its node's Constructor it sends ``Get`` for step s, waits
 ``Batch`` and at once asks for s + 1 (reporting s consumed), until the Constructor answers
 ``Ended``. Every message the Constructors and the ranks send or receive is counted by type, with
 its bytes, where ``msd.wire.transport`` encodes and decodes it. The process ends once every
-Constructor has returned (the Planner's ``Stop``) and writes what it saw to ``--out`` as JSON:
-when each step reached every rank here, the message counts, and the errors.
+Constructor has returned (the Planner's ``Stop``), or at once on SIGUSR1 from the harness, and
+writes what it saw to ``--out`` as JSON: when each step reached every rank here, the message
+counts, the errors, and how many Constructors had not yet returned.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -39,6 +41,7 @@ MAX_SOCKETS = 65536  # ZeroMQ's default (1,023 per context) is below a few hundr
 ENDPOINT_WAIT_S = 300.0
 NICE = 10
 STOP_WAIT_S = 30.0  # for the Constructors to return once the Planner said Stop
+WRITE_NOW = signal.SIGUSR1  # the harness: stop waiting for the Constructors, write the figures
 
 log = logging.getLogger("msd.bench.scale")
 _BUILDING = threading.Lock()
@@ -228,10 +231,14 @@ def main(argv: list[str] | None = None) -> None:
         thread.start()
     started = time.time()
     threading.current_thread().name = "ranks"  # what its messages are counted under
+    write_now = threading.Event()
+    signal.signal(WRITE_NOW, lambda *_: write_now.set())
     ranks = Ranks(job, nodes)
-    ranks.run(alive=lambda: any(t.is_alive() for t in threads))
+    ranks.run(alive=lambda: not write_now.is_set() and any(t.is_alive() for t in threads))
     deadline = time.monotonic() + STOP_WAIT_S
     for thread in threads:
+        if write_now.is_set():
+            break
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
     result = {
         "pid": os.getpid(),
@@ -241,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         "done_at": ranks.done_at(),
         "counts": counts_by_role(),
         "errors": errors + ranks.errors,
+        "constructors_running": sum(t.is_alive() for t in threads),  # at the time of writing
     }
     tmp = f"{args.out}.tmp"
     with open(tmp, "w") as f:

@@ -106,6 +106,25 @@ def test_summary_of_a_run() -> None:
     assert f["messages_per_step"]["constructor"]["sent:Batch"] == {"messages": 4, "bytes": 800}
     assert f["estimated_per_step"]["loaders_sent_payloads"] == 4
     assert f["cpu_us_per_node_message"] == pytest.approx(1000 * 200 / 8)
+    assert f["steps_per_s_planner"] == pytest.approx(1.0)  # 2 steps in 2 s, as it counted them
+    assert f["errors"] == [] and f["constructors_running_at_end"] == 0
+
+
+def test_a_nodes_process_that_wrote_nothing_is_reported_not_read_as_no_steps() -> None:
+    point = Point(nodes=4, sources=10, fanout=2, ranks_per_node=2, steps=4, warmup=1,
+                  nodes_per_process=2)  # fmt: skip
+    roles = {"planner": [], "loader": [], "nodes": []}
+    raw = {
+        "nodes_out": [{"done_at": {"0": 1.0, "1": 1.5}, "counts": {}, "errors": [],
+                       "constructors_running": 2}],
+        "warm": {"roles": roles, "step": 1, "time": 100.0},
+        "end": {"roles": roles, "step": 7, "time": 103.0},
+        "peak_pss": {}, "capped": False, "wall_s": 9.0, "startup_s": 1.0, "status": None,
+    }  # fmt: skip
+    f = summarise(point, raw)
+    assert f["errors"] == ["1 of 2 nodes processes wrote no figures"]
+    assert f["constructors_running_at_end"] == 2
+    assert f["steps_per_s_planner"] == pytest.approx(2.0)
 
 
 def _log_line(at: float, role: str, message: str) -> str:
