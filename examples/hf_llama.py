@@ -6,7 +6,9 @@ The recipe's ``trainer.command`` runs this script once per rank with ``RANK``, `
 ``MASTER_ADDR``/``MASTER_PORT`` and ``MSD_JOB`` set. Each rank:
 
 * builds ``LlamaForCausalLM`` from a small ``LlamaConfig`` (random init from ``--seed``; the
-  size flags make it larger), wrapped in DDP: gloo on CPU (one thread a rank), nccl on GPUs;
+  size flags make it larger), wrapped in DDP: gloo on CPU (one thread a rank), nccl on GPUs
+  (one rank a GPU), where the Client hands each batch out already on the rank's GPU
+  (``msd.Client(device=...)``: copied on a side stream while the previous step computes);
 * feeds it msd's rows as they come. ``position_ids`` restart at every packed sample, and from
   them transformers builds a block-diagonal causal mask for ``sdpa`` and ``eager`` attention,
   but only without a KV cache: ``use_cache=False`` is what keeps samples apart. Flash attention
@@ -209,7 +211,7 @@ def batch_digest(batch: dict[str, torch.Tensor]) -> str:
     """sha256 over the tensors the model is fed (to compare two runs' batches)."""
     h = hashlib.sha256()
     for name in DIGESTED:
-        h.update(batch[name].numpy().tobytes())
+        h.update(batch[name].cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -359,12 +361,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = os.environ.get("RANK", "-")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank}: %(message)s")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available() and local_rank >= torch.cuda.device_count():
+        log.error("local rank %d but %d GPU(s) here: one rank per GPU", local_rank,
+                  torch.cuda.device_count())  # fmt: skip
+        return 1
+    backend, device = setup_device(local_rank, args.threads)
     try:
-        client = msd.Client()  # job, rank and world size from the launcher's environment
+        # Job, rank and world size from the launcher's environment. On a GPU the Client hands
+        # batches out on it, copied while the previous step computes.
+        client = msd.Client(device=device if device.type == "cuda" else None)
     except MsdError as exc:
         log.error("%s", exc)
         return 1
-    backend, device = setup_device(client.local_rank, args.threads)
     if args.attn_implementation in FLASH and device.type != "cuda":
         log.error("%s needs a GPU; use sdpa on CPU", args.attn_implementation)
         return 1

@@ -16,20 +16,11 @@ from typing import Literal
 import torch
 
 from msd import device as devices
+from msd.device import normalised
 from msd.reader import STATE_VERSION, Reader, node_name
 from msd.wire import compact
 
 __all__ = ["STATE_VERSION", "Client", "node_name", "normalised"]
-
-
-def normalised(
-    pixels: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]
-) -> torch.Tensor:
-    """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std per channel."""
-    channels = pixels.reshape(pixels.shape[0], 3, pixels.shape[1] // 3).to(torch.float32) / 255.0
-    m = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
-    s = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
-    return channels.sub_(m).div_(s).reshape(pixels.shape)
 
 
 class Client(Reader[torch.Tensor], torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
@@ -59,11 +50,7 @@ class Client(Reader[torch.Tensor], torch.utils.data.IterableDataset[dict[str, to
 
     def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> devices.Pending:
         if self.placement is not None:
-            return self.placement.place(frames, shapes)
+            return self.placement.place(frames, shapes, self.normalise)
         arrays = compact.decode(frames, shapes)
-        return devices.Pending({n: torch.from_numpy(a) for n, a in arrays.items()})
-
-    def _normalised(
-        self, pixels: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]
-    ) -> torch.Tensor:
-        return normalised(pixels, mean, std)
+        tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
+        return devices.Pending(devices.with_normalised_pixels(tensors, self.normalise))

@@ -8,11 +8,13 @@ host-to-device copy moves the compact bytes, and it overlaps the trainer's compu
 handed out once the trainer's stream has waited for that copy (an event recorded on the side
 stream), and its tensors are marked as used on the trainer's stream, so the allocator does not
 reuse their memory early. `build` does on any torch device what ``compact.decode`` does with
-numpy, byte for byte.
+numpy, byte for byte. ``pixel_values`` cross as uint8; with ``pixels="float"`` they are
+normalised on that thread too, on the side stream after the copy (a quarter of float32's bytes
+cross to the GPU), so the trainer's thread and stream do none of it.
 
 ``pin_memory=True`` without a device hands out pinned CPU tensors (for the trainer's own
-``.to(device, non_blocking=True)``); on a machine without CUDA it changes nothing, as in
-``torch.utils.data.DataLoader``.
+``.to(device, non_blocking=True)``), normalised pixels included; on a machine without CUDA it
+changes nothing, as in ``torch.utils.data.DataLoader``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ IGNORE_INDEX = compact.IGNORE_INDEX
 # Unsigned frames torch has few kernels for travel as the signed type of their size and are
 # masked back after widening to int64.
 _SIGNED_VIEW = {np.dtype(np.uint16): np.int16, np.dtype(np.uint32): np.int32}
+Normalise = tuple[tuple[float, ...], tuple[float, ...]]  # per-channel mean, std
 _BITS = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0], dtype=torch.uint8)  # numpy.packbits' order
 
 
@@ -91,12 +94,17 @@ class Placement:
     pinned: bool
     stream: Any = None  # the side CUDA stream (created in the thread that copies)
 
-    def place(self, frames: compact.Arrays, shapes: compact.Shapes) -> Pending:
-        """``frames`` (checked) as the batch on this placement; called from the Client's
-        background thread."""
+    def place(
+        self, frames: compact.Arrays, shapes: compact.Shapes, normalise: Normalise | None = None
+    ) -> Pending:
+        """``frames`` (checked) as the batch on this placement, ``pixel_values`` normalised
+        there (``normalise``: per-channel mean and std) or left uint8; called from the
+        Client's background thread."""
         if self.device.type == "cpu":
             arrays = compact.decode(frames, shapes)
-            return Pending({n: torch.from_numpy(a).pin_memory() for n, a in arrays.items()})
+            tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
+            tensors = with_normalised_pixels(tensors, normalise)
+            return Pending({n: t.pin_memory() for n, t in tensors.items()})
         compact.check(frames, shapes)
         host = {name: host_frame(frame, pin=True) for name, frame in frames.items()}
         if self.stream is None:
@@ -106,10 +114,35 @@ class Placement:
                 name: (t.to(self.device, non_blocking=True), bits)
                 for name, (t, bits) in host.items()
             }
-            tensors = build(on_device, shapes)
+            tensors = with_normalised_pixels(build(on_device, shapes), normalise)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(self.stream)
         return Pending(tensors, event, [t for t, _ in host.values()], self.device)
+
+
+def normalised(
+    pixels: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]
+) -> torch.Tensor:
+    """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std per channel.
+
+    Every divisor is a tensor on the pixels' device: PyTorch's CUDA kernels multiply by the
+    reciprocal of a Python-number divisor, a bit off the true quotient that numpy and the CPU
+    compute, and a GPU's pixels would not be the CPU's bytes."""
+    scale = torch.tensor(255.0, dtype=torch.float32, device=pixels.device)
+    channels = pixels.reshape(pixels.shape[0], 3, pixels.shape[1] // 3).to(torch.float32)
+    channels = channels.div_(scale)
+    m = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
+    s = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
+    return channels.sub_(m).div_(s).reshape(pixels.shape)
+
+
+def with_normalised_pixels(
+    tensors: dict[str, torch.Tensor], normalise: Normalise | None
+) -> dict[str, torch.Tensor]:
+    """``tensors`` with ``pixel_values`` normalised when ``normalise`` is given."""
+    if normalise is not None and "pixel_values" in tensors:
+        tensors["pixel_values"] = normalised(tensors["pixel_values"], *normalise)
+    return tensors
 
 
 def host_frame(frame: np.ndarray, pin: bool) -> tuple[torch.Tensor, int]:

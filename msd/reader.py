@@ -156,8 +156,6 @@ class Reader(Generic[T]):
             raise ProtocolError(f"rank {self.rank} expected the batch of step {self.step}")
         self.step += 1
         fetcher.ask(self._get(self.step, consumed=self.step - 1), ahead=True)
-        if self.normalise is not None and "pixel_values" in tensors:
-            tensors["pixel_values"] = self._normalised(tensors["pixel_values"], *self.normalise)
         return tensors
 
     def _get(self, step: int, consumed: int) -> Get:
@@ -182,12 +180,9 @@ class Reader(Generic[T]):
 
     # -- what the arrays are (``NumpyClient``, ``msd.Client``) --------------------------------
     def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> Pending[T]:
-        """The batch ``frames`` carry, built on the reader's thread (``ProtocolError`` if the
-        frames do not hold the tensors ``shapes`` names)."""
-        raise NotImplementedError
-
-    def _normalised(self, pixels: T, mean: tuple[float, ...], std: tuple[float, ...]) -> T:
-        """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std."""
+        """The batch ``frames`` carry, built on the reader's background thread, with
+        ``pixel_values`` normalised there when ``self.normalise`` says so (``ProtocolError``
+        if the frames do not hold the tensors ``shapes`` names)."""
         raise NotImplementedError
 
 
@@ -205,17 +200,21 @@ class NumpyClient(Reader[np.ndarray]):
     ``fingerprint`` (the same state as ``msd.Client``'s)."""
 
     def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> _Arrays:
-        return _Arrays(compact.decode(frames, shapes))
+        arrays = compact.decode(frames, shapes)
+        if self.normalise is not None and "pixel_values" in arrays:
+            arrays["pixel_values"] = normalised(arrays["pixel_values"], *self.normalise)
+        return _Arrays(arrays)
 
-    def _normalised(
-        self, pixels: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]
-    ) -> np.ndarray:
-        channels = pixels.reshape(pixels.shape[0], 3, pixels.shape[1] // 3)
-        scaled = channels.astype(np.float32) / np.float32(255.0)
-        m = np.asarray(mean, dtype=np.float32).reshape(1, 3, 1)
-        s = np.asarray(std, dtype=np.float32).reshape(1, 3, 1)
-        out: np.ndarray = ((scaled - m) / s).reshape(pixels.shape)
-        return out
+
+def normalised(pixels: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std per channel
+    (``msd.device.normalised`` with numpy)."""
+    channels = pixels.reshape(pixels.shape[0], 3, pixels.shape[1] // 3)
+    scaled = channels.astype(np.float32) / np.float32(255.0)
+    m = np.asarray(mean, dtype=np.float32).reshape(1, 3, 1)
+    s = np.asarray(std, dtype=np.float32).reshape(1, 3, 1)
+    out: np.ndarray = ((scaled - m) / s).reshape(pixels.shape)
+    return out
 
 
 _Result = Union[tuple[int, Pending[T]], Ended, BaseException]  # noqa: UP007 (generic alias)

@@ -38,6 +38,25 @@ def test_torch_builds_what_numpy_decodes(case):
             assert got[name].numpy().tobytes() == part[name].tobytes(), name
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@given(st.integers(1, 3).flatmap(lambda cp: st.tuples(st.just(cp), packed_rows(cp))))
+@settings(max_examples=30, deadline=None)
+def test_on_a_gpu_the_side_stream_hands_out_what_numpy_decodes(case):
+    cp, (rows, seq_len) = case
+    placed = device.placement("cuda", pin_memory=False)
+    assert placed is not None
+    full = pack_rows(rows, seq_len)
+    for cp_rank in range(cp):
+        part = cp_slice(full, cp, cp_rank)
+        frames = compact.encode(part, ALL_TENSORS)
+        shapes = {n: (part[n].shape, str(part[n].dtype)) for n in ALL_TENSORS}
+        got = placed.place(frames, shapes).ready()
+        for name in ALL_TENSORS:
+            assert got[name].device.type == "cuda", name
+            assert got[name].cpu().numpy().dtype == part[name].dtype, name
+            assert got[name].cpu().numpy().tobytes() == part[name].tobytes(), name
+
+
 def test_a_machine_without_cuda_refuses_a_cuda_device_in_one_sentence():
     if torch.cuda.is_available():
         placed = device.placement("cuda", pin_memory=False)
