@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 
 from benchmarks.hf_trainer import load_example
 from msd.launch.local import LocalJob
@@ -63,7 +64,7 @@ MODES = ("device", "pinned", "pageable")
 MODEL_FLAGS = ("--hidden-size", "1024", "--layers", "8", "--heads", "16", "--kv-heads", "8",
                "--intermediate-size", "2816")  # fmt: skip
 VLM_FLAGS = ("--vocab-size", "257")  # the bytes transform's 256 ids and the image token
-DIGESTED = ("input_ids", "labels", "position_ids", "cu_seqlens")
+DIGESTED = ("input_ids", "labels", "position_ids", "cu_seqlens", "pixel_values", "image_grid_thw")
 log = logging.getLogger("gpu_overlap")
 
 
@@ -84,7 +85,7 @@ def on_device(batch: dict[str, torch.Tensor], mode: str, device: torch.device) -
 
 def digest(batch: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
-    for name in (*DIGESTED, "pixel_values", "image_grid_thw"):
+    for name in DIGESTED:
         if name not in batch:
             continue
         tensor = batch[name].cpu()
@@ -206,22 +207,18 @@ def rank_main(mode: str, check_every: int, model_flags: list[str]) -> int:
 
 
 # -- one run per mode ---------------------------------------------------------------------------
-TEXT_SOURCES = (("web", 0.5), ("code", 0.3), ("books", 0.2))
-# examples-vlm.yaml's sources and vision settings: at most 1,024 patches (256 tokens) an image
-VLM_SOURCES = (
-    {"name": "captions-wds", "path": "captions-wds/*.tar", "format": "webdataset",
-     "text_column": "txt", "weight": 0.35, "loaders": 2},
-    {"name": "captions-parquet", "path": "captions-parquet/*.parquet", "text_column": "text",
-     "image_column": "image", "weight": 0.25, "loaders": 2},
-    {"name": "interleaved", "path": "interleaved-parquet/*.parquet", "text_column": "text",
-     "image_column": "images", "weight": 0.2, "loaders": 2},
-    {"name": "web", "path": "web/*.parquet", "text_column": "text", "weight": 0.2},
-)  # fmt: skip
-VISION = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 1,
-          "max_pixels": 200704, "image_token_id": 256}  # fmt: skip
+# The example recipes' sources (their paths under the data made here) and vision settings; an
+# image source gets 2 loaders, so that one rank's images are decoded fast enough.
+EXAMPLE_RECIPES = {"text": "examples-hf-llama.yaml", "vlm": "examples-vlm.yaml"}
 
 
 def recipe(mode: str, args: argparse.Namespace, data: Path, model_flags: list[str]) -> Any:
+    example = yaml.safe_load((ROOT / "recipes" / EXAMPLE_RECIPES[args.workload]).read_text())
+    sources = []
+    for source in example["sources"]:
+        path = str(data / source["path"].split("/", 1)[1])  # demo-data/web/*.parquet: web/...
+        images = source.get("format") == "webdataset" or "image_column" in source
+        sources.append(source | {"path": path} | ({"loaders": 2} if images else {}))
     rank = ["rank", mode, str(args.check_every), "--", *model_flags]
     command = " ".join([sys.executable, "-m", "benchmarks.gpu_overlap", *rank])
     body: dict[str, Any] = {
@@ -231,17 +228,11 @@ def recipe(mode: str, args: argparse.Namespace, data: Path, model_flags: list[st
         "seq_len": args.seq_len,
         "global_batch_tokens": args.rows * args.seq_len,
         "distribute": {"dp": 1},
+        "sources": sources,
         "trainer": {"command": command},
     }
-    if args.workload == "vlm":
-        body["vision"] = VISION
-        body["sources"] = [s | {"path": str(data / s["path"])} for s in VLM_SOURCES]
-    else:
-        body["sources"] = [
-            {"name": name, "path": str(data / name / "*.parquet"), "text_column": "text",
-             "weight": weight}
-            for name, weight in TEXT_SOURCES
-        ]  # fmt: skip
+    if "vision" in example:
+        body["vision"] = example["vision"]
     return recipe_from_data(body, "benchmarks.gpu_overlap")
 
 

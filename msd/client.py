@@ -51,6 +51,4 @@ class Client(Reader[torch.Tensor], torch.utils.data.IterableDataset[dict[str, to
     def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> devices.Pending:
         if self.placement is not None:
             return self.placement.place(frames, shapes, self.normalise)
-        arrays = compact.decode(frames, shapes)
-        tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
-        return devices.Pending(devices.with_normalised_pixels(tensors, self.normalise))
+        return devices.Pending(devices.cpu_tensors(frames, shapes, self.normalise))

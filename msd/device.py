@@ -101,9 +101,7 @@ class Placement:
         there (``normalise``: per-channel mean and std) or left uint8; called from the
         Client's background thread."""
         if self.device.type == "cpu":
-            arrays = compact.decode(frames, shapes)
-            tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
-            tensors = with_normalised_pixels(tensors, normalise)
+            tensors = cpu_tensors(frames, shapes, normalise)
             return Pending({n: t.pin_memory() for n, t in tensors.items()})
         compact.check(frames, shapes)
         host = {name: host_frame(frame, pin=True) for name, frame in frames.items()}
@@ -134,6 +132,15 @@ def normalised(
     m = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
     s = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, 3, 1)
     return channels.sub_(m).div_(s).reshape(pixels.shape)
+
+
+def cpu_tensors(
+    frames: compact.Arrays, shapes: compact.Shapes, normalise: Normalise | None
+) -> dict[str, torch.Tensor]:
+    """The batch ``frames`` carry as CPU tensors (``compact.decode``), ``pixel_values``
+    normalised when ``normalise`` is given."""
+    tensors = {n: torch.from_numpy(a) for n, a in compact.decode(frames, shapes).items()}
+    return with_normalised_pixels(tensors, normalise)
 
 
 def with_normalised_pixels(
