@@ -201,7 +201,7 @@ class PlannerCore:
 
     def _on_progress(self, identity: bytes, msg: Progress) -> None:
         self.registry.on_progress(identity, msg)
-        self.graph.on_delivered(min(self.registry.built_by.values()))
+        self.graph.on_delivered(self.registry.built_by.low or 0)
         everywhere = self.registry.built_everywhere()
         if everywhere is not None:
             self.routing.on_built(everywhere)

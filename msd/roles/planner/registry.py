@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from msd.errors import ProtocolError
 from msd.plan.topology import Topology
+from msd.roles.planner.lowest import Lowest
 from msd.wire.protocol import PROTOCOL_VERSION, Hello, Progress
 
 
@@ -36,8 +37,8 @@ class Registry:
         self.roles: dict[bytes, str] = {}
         self.last_seen: dict[bytes, float] = {}
         self.lost: set[bytes] = set()
-        self.consumed_by: dict[int, int] = {}
-        self.built_by: dict[int, int] = {}
+        self.consumed_by = Lowest()
+        self.built_by = Lowest()
         self.bytes_by: dict[int, int] = {}
 
     # -- registration -------------------------------------------------------------------------
@@ -68,7 +69,7 @@ class Registry:
         for rank in msg.ranks:
             self.dp_constructors.setdefault(self.topology.coords(rank).dp, set()).add(index)
         self.ranks.update(msg.ranks)
-        self.consumed_by[index] = self.start_step
+        self.consumed_by.rise(index, self.start_step)
         self.constructor_index[identity] = index
         self.constructors.append(Peer(identity, msg))
 
@@ -136,17 +137,17 @@ class Registry:
     # -- Constructor progress -----------------------------------------------------------------
     def on_progress(self, identity: bytes, msg: Progress) -> None:
         index = self.constructor_index[identity]
-        self.consumed_by[index] = max(self.consumed_by[index], msg.consumed)
+        self.consumed_by.rise(index, msg.consumed)
         self.bytes_by[index] = max(self.bytes_by.get(index, 0), msg.step_bytes)
-        self.built_by[index] = max(self.built_by.get(index, 0), msg.built)
+        self.built_by.rise(index, max(self.built_by.get(index, 0), msg.built))
 
     @property
     def consumed(self) -> int:
         """Steps that every rank has consumed."""
-        return min(self.consumed_by.values(), default=0)
+        return 0 if self.consumed_by.low is None else self.consumed_by.low
 
     def built_everywhere(self) -> int | None:
         """Steps every Constructor has built, once each has said; None before."""
         if len(self.built_by) < len(self.constructors):
             return None
-        return min(self.built_by.values())
+        return self.built_by.low
