@@ -2,8 +2,9 @@
 
 The Planner learns each Constructor's progress one message at a time and needs the least of
 them after every message (what every rank consumed, what every Constructor built). Taking the
-minimum of all of them each time costs O(nodes) a message, O(nodes²) a step; this keeps it in
-amortised O(1): the minimum is counted again only when the last value at it rises.
+minimum of all of them each time costs O(nodes) a message, O(nodes²) a step. Here the minimum
+is counted again only when the last value at it rises: once a step when the Constructors move
+on a step at a time, O(nodes) a step in all.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ class Registry:
         index = self.constructor_index[identity]
         self.consumed_by.rise(index, msg.consumed)
         self.bytes_by[index] = max(self.bytes_by.get(index, 0), msg.step_bytes)
-        self.built_by.rise(index, max(self.built_by.get(index, 0), msg.built))
+        self.built_by.rise(index, max(msg.built, 0))  # ``rise`` keeps the highest
 
     @property
     def consumed(self) -> int:
