@@ -1,0 +1,348 @@
+"""Videos from bytes to Qwen2-VL patches, as uint8, without torch (pure: bytes in, arrays out).
+
+A video is planned from its header and decoded later: `probe` reads the container's header and
+packet index (duration, frame rate, frame count, size) without decoding a frame, and
+`plan_video` turns that into the frames to sample and the patch grid, so the Planner can know a
+video's patch count before any pixel is decoded. `decode` then decodes the stream once with
+PyAV, keeps only the sampled frames, resizes each as it arrives and writes it straight into the
+video's patch array: a decoded video is never held whole.
+
+The conventions are those of Hugging Face's Qwen2-VL video processor: frames sampled uniformly
+at ``fps`` per second of the stream (between ``min_frames`` and ``max_frames``, a multiple of
+``temporal_patch_size``), each frame resized by Qwen2-VL's rule (`msd.sources.vision.fit`)
+within ``min_pixels`` .. ``max_pixels`` (further capped by an even share of ``total_pixels``,
+as qwen-vl-utils does), the last frame repeated to fill a temporal patch, and patches of
+``3 × temporal_patch_size × patch_size²`` values in the processor's order. As in Hugging Face's
+PyAV reader, frames are taken as stored: display-rotation metadata is not applied.
+
+The bytes are untrusted: every failure (not a container, no video stream, a truncated or
+corrupt stream, an unknown codec, zero frames, absurd sizes or durations) comes back as a
+`DecodeFailure` value, never an exception. The same bytes always give the same pixels.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from msd.sources.vision import DecodeFailure, ImageGeometry, fit
+
+log = logging.getLogger(__name__)
+
+Pixels = npt.NDArray[np.uint8]
+MAX_ASPECT_RATIO = 200
+
+
+@dataclass(frozen=True)
+class VideoSpec:
+    """How a video becomes patches; the defaults are Qwen2-VL's video processor's.
+
+    ``min_pixels`` / ``max_pixels`` bound one resized frame's area; ``total_pixels`` (None: no
+    cap) bounds the whole video's, by capping each frame at ``total_pixels × temporal_patch_size
+    / frames`` (never under ``1.05 × min_pixels``). ``max_frame_pixels``, ``max_duration_s`` and
+    ``max_stream_frames`` refuse what a header declares before anything is decoded.
+    ``threads``: FFmpeg decode threads per video (0: FFmpeg's choice).
+    """
+
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    total_pixels: int | None = None
+    max_frame_pixels: int = 1 << 26
+    max_duration_s: float = 24 * 3600.0
+    max_stream_frames: int = 10_000_000
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.fps > 0:
+            raise ValueError(f"VideoSpec.fps must be positive, got {self.fps}")
+        for name in ("min_frames", "max_frames", "patch_size", "merge_size", "temporal_patch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"VideoSpec.{name} must be at least 1, got {getattr(self, name)}")
+        if self.min_frames > self.max_frames:
+            raise ValueError(
+                "VideoSpec needs min_frames <= max_frames, "
+                f"got {self.min_frames} > {self.max_frames}"
+            )
+        if self.threads < 0:
+            raise ValueError(f"VideoSpec.threads must be 0 or more, got {self.threads}")
+        # The frame geometry checks its own bounds.
+        self.frame_geometry(self.max_pixels)
+
+    @property
+    def patch_values(self) -> int:
+        """The length of one flattened patch: channels × temporal_patch_size × patch_size²."""
+        return 3 * self.temporal_patch_size * self.patch_size**2
+
+    def frame_geometry(self, max_pixels: int) -> ImageGeometry:
+        """One frame's resize rule with this per-frame area cap."""
+        return ImageGeometry(
+            patch_size=self.patch_size,
+            merge_size=self.merge_size,
+            min_pixels=self.min_pixels,
+            max_pixels=max_pixels,
+            temporal_patch_size=self.temporal_patch_size,
+            max_source_pixels=self.max_frame_pixels,
+        )
+
+
+DEFAULT_SPEC = VideoSpec()
+
+
+@dataclass(frozen=True)
+class VideoHeader:
+    """What a container declares of its first video stream, read without decoding."""
+
+    frames: int
+    fps: float  # frames per second of the stream (its average rate)
+    duration_s: float
+    height: int
+    width: int
+    codec: str
+
+
+@dataclass(frozen=True)
+class VideoPlan:
+    """Which stream frames a video samples and the patches they make: ``indices`` (ascending,
+    into the stream's decoded frames), ``size`` each frame's resized (height, width), ``grid``
+    (temporal patches, patch rows, patch columns)."""
+
+    indices: tuple[int, ...]
+    size: tuple[int, int]
+    grid: tuple[int, int, int]
+
+    @property
+    def patches(self) -> int:
+        t, h, w = self.grid
+        return t * h * w
+
+    def tokens(self, merge_size: int) -> int:
+        """Placeholder tokens the video takes in the text: one per merged group of patches."""
+        return self.patches // merge_size**2
+
+
+@dataclass(frozen=True, eq=False)
+class DecodedVideo:
+    """A video as patches: ``patches`` [t·gh·gw, patch_values] uint8, ``grid`` (t, gh, gw)."""
+
+    patches: Pixels
+    grid: tuple[int, int, int]
+    tokens: int
+    frames: int  # frames sampled from the stream (before the last is repeated to fill)
+    original_hw: tuple[int, int]
+
+
+def sample_count(header_frames: int, stream_fps: float, spec: VideoSpec = DEFAULT_SPEC) -> int:
+    """How many frames a video of ``header_frames`` at ``stream_fps`` samples (Qwen2-VL's rule:
+    ``fps`` a second, within ``min_frames`` .. ``max_frames`` and the stream's frames, rounded
+    down to a multiple of ``temporal_patch_size``); a video shorter than one temporal patch
+    samples all its frames (the last is repeated to fill)."""
+    tps = spec.temporal_patch_size
+    most = math.floor(min(spec.max_frames, header_frames) / tps) * tps
+    wanted = header_frames / stream_fps * spec.fps
+    n = min(max(wanted, spec.min_frames), most, header_frames)
+    n = math.floor(n / tps) * tps
+    return int(n) if n >= 1 else header_frames
+
+
+def sample_indices(total: int, count: int) -> tuple[int, ...]:
+    """``count`` frame indices spread uniformly over ``total`` frames from the first, as
+    the first ``count`` of ``torch.arange(0, total, total / count).int()`` (each product in
+    double precision, rounded to single, then truncated)."""
+    if count <= 0 or total <= 0:
+        return ()
+    values = np.arange(count, dtype=np.float64) * (total / count)
+    return tuple(int(v) for v in values.astype(np.float32).astype(np.int64))
+
+
+def plan_video(header: VideoHeader, spec: VideoSpec = DEFAULT_SPEC) -> VideoPlan:
+    """The frames and patch grid of a video with this header."""
+    count = sample_count(header.frames, header.fps, spec)
+    indices = sample_indices(header.frames, count)
+    max_pixels = spec.max_pixels
+    if spec.total_pixels is not None:
+        share = spec.total_pixels * spec.temporal_patch_size // max(count, 1)
+        max_pixels = max(min(max_pixels, share), int(spec.min_pixels * 1.05))
+    h, w = fit(header.height, header.width, spec.frame_geometry(max_pixels))
+    t = -(-len(indices) // spec.temporal_patch_size)
+    return VideoPlan(indices, (h, w), (t, h // spec.patch_size, w // spec.patch_size))
+
+
+def probe(data: bytes, spec: VideoSpec = DEFAULT_SPEC) -> VideoHeader | DecodeFailure:
+    """The header of the video in ``data``, or why it cannot be used; never raises.
+
+    The frame count is the container's (an MP4's sample table) or, where it declares none
+    (WebM, Matroska, GIF), the number of its video packets, counted without decoding them.
+    """
+    if not data:
+        return DecodeFailure("empty")
+    try:
+        return _probe(data, spec)
+    except Exception as exc:  # untrusted bytes: every failure is data, not a crash
+        reason = _reason(exc)
+        log.debug("video not probed: %s (%s: %s)", reason, type(exc).__name__, exc)
+        return DecodeFailure(reason)
+
+
+def decode(
+    data: bytes, spec: VideoSpec = DEFAULT_SPEC, header: VideoHeader | None = None
+) -> DecodedVideo | DecodeFailure:
+    """The video in ``data`` as patches, sampled as `plan_video` says for its header (``header``:
+    one `probe` already gave), or why not; never raises. A stream that ends before the last
+    sampled frame is damage ("fewer frames than declared"), never a shorter video."""
+    if header is None:
+        probed = probe(data, spec)
+        if isinstance(probed, DecodeFailure):
+            return probed
+        header = probed
+    try:
+        return _decode(data, spec, header)
+    except Exception as exc:  # untrusted bytes: every failure is data, not a crash
+        reason = _reason(exc)
+        log.debug("video not decoded: %s (%s: %s)", reason, type(exc).__name__, exc)
+        return DecodeFailure(reason)
+
+
+def patchify_frames(frames: Pixels, spec: VideoSpec = DEFAULT_SPEC) -> Pixels:
+    """Cut [T, h, w, 3] uint8 frames (T a multiple of ``temporal_patch_size``) into
+    [T/tps · gh · gw, 3·tps·p·p] patches, in Qwen2-VL's order: temporal patch, then merge
+    group, then the patch within its group; a row is (channel, frame, py, px)."""
+    t, h, w = _check_frames(frames, spec)
+    p, m, tps = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    blocks = frames.reshape(t // tps, tps, h // p // m, m, p, w // p // m, m, p, 3)
+    ordered = blocks.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    return np.ascontiguousarray(ordered).reshape(-1, spec.patch_values)
+
+
+def _probe(data: bytes, spec: VideoSpec) -> VideoHeader | DecodeFailure:
+    import av  # the loaders of video sources alone pay for FFmpeg's import
+
+    with av.open(io.BytesIO(data), mode="r") as container:
+        if not container.streams.video:
+            return DecodeFailure("no video stream")
+        stream = container.streams.video[0]
+        ctx = stream.codec_context
+        height, width = int(ctx.height), int(ctx.width)
+        rejected = _rejection(height, width, spec)
+        if rejected is not None:
+            return rejected
+        frames = int(stream.frames or 0)
+        if frames <= 0:
+            frames = sum(1 for packet in container.demux(stream) if packet.size)
+        if frames <= 0:
+            return DecodeFailure("no frames")
+        if frames > spec.max_stream_frames:
+            return DecodeFailure("too many frames")
+        duration_s = _duration_s(stream, container)
+        fps = _fps(stream, frames, duration_s)
+        if fps is None:
+            return DecodeFailure("no frame rate")
+        if frames / fps > spec.max_duration_s:
+            return DecodeFailure("too long")
+        return VideoHeader(frames, fps, duration_s, height, width, str(ctx.name))
+
+
+def _duration_s(stream: object, container: object) -> float:
+    duration, time_base = getattr(stream, "duration", None), getattr(stream, "time_base", None)
+    if duration and time_base:
+        return float(duration * time_base)
+    total = getattr(container, "duration", None)  # in microseconds
+    return float(total) / 1e6 if total else 0.0
+
+
+def _fps(stream: object, frames: int, duration_s: float) -> float | None:
+    """The stream's average rate; else frames over duration; None when neither is usable."""
+    for rate in (getattr(stream, "average_rate", None), getattr(stream, "guessed_rate", None)):
+        if rate and 0 < float(rate) < 10_000:
+            return float(rate)
+    if duration_s > 0:
+        return frames / duration_s
+    return None
+
+
+def _decode(data: bytes, spec: VideoSpec, header: VideoHeader) -> DecodedVideo | DecodeFailure:
+    import av
+    from PIL import Image
+
+    plan = plan_video(header, spec)
+    (h, w), tps = plan.size, spec.temporal_patch_size
+    frames = np.empty((plan.grid[0] * tps, h, w, 3), dtype=np.uint8)
+    wanted = {index: slot for slot, index in enumerate(plan.indices)}
+    last = plan.indices[-1]
+    got = 0
+    with av.open(io.BytesIO(data), mode="r") as container:
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = spec.threads
+        for ordinal, frame in enumerate(container.decode(stream)):
+            slot = wanted.get(ordinal)
+            if slot is not None:
+                if (frame.height, frame.width) != (header.height, header.width):
+                    return DecodeFailure("frame size changes mid-stream")
+                still = Image.fromarray(frame.to_ndarray(format="rgb24"))
+                rgb = still.resize((w, h), Image.Resampling.BICUBIC)
+                frames[slot] = np.asarray(rgb, dtype=np.uint8)
+                got += 1
+            if ordinal >= last:
+                break
+    if got < len(plan.indices):
+        return DecodeFailure("fewer frames than declared")
+    frames[len(plan.indices) :] = frames[len(plan.indices) - 1]  # repeat the last to fill
+    patches = patchify_frames(frames, spec)
+    return DecodedVideo(
+        patches,
+        plan.grid,
+        plan.tokens(spec.merge_size),
+        len(plan.indices),
+        (header.height, header.width),
+    )
+
+
+def _rejection(height: int, width: int, spec: VideoSpec) -> DecodeFailure | None:
+    """Why a video of this declared frame size is refused before decoding, if it is."""
+    if height < 1 or width < 1:
+        return DecodeFailure("no pixels")
+    if height * width > spec.max_frame_pixels:
+        return DecodeFailure("too many pixels")
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        return DecodeFailure(f"aspect ratio over {MAX_ASPECT_RATIO}")
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    """A short reason for a failure, the same for the same bytes."""
+    import av
+
+    if isinstance(exc, av.error.InvalidDataError):
+        return "not a video"
+    if isinstance(exc, av.error.DecoderNotFoundError):
+        return "unknown codec"
+    if isinstance(exc, av.error.EOFError) or "truncat" in str(exc).lower():
+        return "truncated"
+    if isinstance(exc, av.error.FFmpegError):
+        return f"cannot decode ({type(exc).__name__})"
+    return f"cannot decode ({type(exc).__name__})"
+
+
+def _check_frames(frames: Pixels, spec: VideoSpec) -> tuple[int, int, int]:
+    f, tps = spec.patch_size * spec.merge_size, spec.temporal_patch_size
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError(
+            f"patchify_frames needs [T, h, w, 3] uint8, got {frames.dtype} {frames.shape}"
+        )
+    t, h, w = frames.shape[:3]
+    if t % tps or h % f or w % f or not t:
+        raise ValueError(
+            f"patchify_frames needs frames a positive multiple of {tps} and sides multiples of "
+            f"{f}, got {t} frames of {h}×{w}"
+        )
+    return t, h, w
