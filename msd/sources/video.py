@@ -25,7 +25,9 @@ from __future__ import annotations
 import io
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Pixels = npt.NDArray[np.uint8]
 MAX_ASPECT_RATIO = 200
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -186,12 +189,7 @@ def probe(data: bytes, spec: VideoSpec = DEFAULT_SPEC) -> VideoHeader | DecodeFa
     """
     if not data:
         return DecodeFailure("empty")
-    try:
-        return _probe(data, spec)
-    except Exception as exc:  # untrusted bytes: every failure is data, not a crash
-        reason = _reason(exc)
-        log.debug("video not probed: %s (%s: %s)", reason, type(exc).__name__, exc)
-        return DecodeFailure(reason)
+    return _guarded("probed", lambda: _probe(data, spec))
 
 
 def decode(
@@ -205,12 +203,8 @@ def decode(
         if isinstance(probed, DecodeFailure):
             return probed
         header = probed
-    try:
-        return _decode(data, spec, header)
-    except Exception as exc:  # untrusted bytes: every failure is data, not a crash
-        reason = _reason(exc)
-        log.debug("video not decoded: %s (%s: %s)", reason, type(exc).__name__, exc)
-        return DecodeFailure(reason)
+    known = header
+    return _guarded("decoded", lambda: _decode(data, spec, known))
 
 
 def patchify_frames(frames: Pixels, spec: VideoSpec = DEFAULT_SPEC) -> Pixels:
@@ -222,6 +216,16 @@ def patchify_frames(frames: Pixels, spec: VideoSpec = DEFAULT_SPEC) -> Pixels:
     blocks = frames.reshape(t // tps, tps, h // p // m, m, p, w // p // m, m, p, 3)
     ordered = blocks.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
     return np.ascontiguousarray(ordered).reshape(-1, spec.patch_values)
+
+
+def _guarded(what: str, work: Callable[[], _T]) -> _T | DecodeFailure:
+    """What ``work`` returns, or why it failed: untrusted bytes fail as data, not a crash."""
+    try:
+        return work()
+    except Exception as exc:
+        reason = _reason(exc)
+        log.debug("video not %s: %s (%s: %s)", what, reason, type(exc).__name__, exc)
+        return DecodeFailure(reason)
 
 
 def _probe(data: bytes, spec: VideoSpec) -> VideoHeader | DecodeFailure:
@@ -328,8 +332,6 @@ def _reason(exc: Exception) -> str:
         return "unknown codec"
     if isinstance(exc, av.error.EOFError) or "truncat" in str(exc).lower():
         return "truncated"
-    if isinstance(exc, av.error.FFmpegError):
-        return f"cannot decode ({type(exc).__name__})"
     return f"cannot decode ({type(exc).__name__})"
 
 
