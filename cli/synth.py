@@ -8,16 +8,19 @@ import typer
 
 from msd.synth import synth as write_demo_sources
 from msd.synth import train_tokenizer
+from msd.synth_video import DEFAULT_VIDEOS, write_video_sources
 from msd.synth_vlm import DEFAULT_SAMPLES, write_vlm_sources
 
 from .common import console, user_errors
 
 
 class Kind(str, Enum):
-    """What ``msd synth`` writes: text sources, or image-text sources beside them."""
+    """What ``msd synth`` writes: text sources, image-text sources beside them, or video-text
+    sources beside both."""
 
     text = "text"
     vlm = "vlm"
+    video = "video"
 
 
 @user_errors
@@ -25,28 +28,51 @@ def synth(
     directory: Annotated[Path, typer.Argument(help="Folder to write the demo sources into.")],
     seed: Annotated[int, typer.Option(help="Seed of the synthetic data.")] = 0,
     kind: Annotated[
-        Kind, typer.Option(help="text: Parquet text sources; vlm: image-text sources too.")
+        Kind,
+        typer.Option(
+            help="text: Parquet text sources; vlm: image-text sources too; video: video-text "
+            "sources as well."
+        ),
     ] = Kind.text,
     samples: Annotated[
         int | None,
         typer.Option(
             min=1,
-            help=f"Samples per image-text source with --kind vlm; {DEFAULT_SAMPLES} if unset.",
+            help="Samples per image-text source with --kind vlm or video; "
+            f"{DEFAULT_SAMPLES} if unset.",
+        ),
+    ] = None,
+    videos: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help=f"Clips per video source with --kind video; {DEFAULT_VIDEOS} if unset."
         ),
     ] = None,
 ) -> None:
-    """Write demo Parquet sources with long-tail sample lengths (and images with --kind vlm)."""
-    if samples is not None and kind is not Kind.vlm:
-        raise typer.BadParameter("only --kind vlm writes image samples", param_hint="--samples")
+    """Write demo Parquet sources with long-tail sample lengths (and images with --kind vlm,
+    images and videos with --kind video)."""
+    if samples is not None and kind is Kind.text:
+        raise typer.BadParameter(
+            "only --kind vlm or video writes image samples", param_hint="--samples"
+        )
+    if videos is not None and kind is not Kind.video:
+        raise typer.BadParameter("only --kind video writes videos", param_hint="--videos")
     files = write_demo_sources(directory, seed=seed)
     tokenizer = train_tokenizer(directory, seed=seed)
     sources = sorted({f.parent.name for f in files})
     console.print(f"wrote {len(files)} files for sources {', '.join(sources)} under {directory}")
     console.print(f"wrote a BPE tokenizer trained on them: {tokenizer}")
-    if kind is Kind.vlm:
+    if kind is not Kind.text:
         count = DEFAULT_SAMPLES if samples is None else samples
         for s in write_vlm_sources(directory, seed=seed, samples=count):
             console.print(
                 f"wrote {s.name}: {s.samples} samples, {s.images} images, "
                 f"{s.bytes / 1e6:.1f} MB in {len(s.files)} files"
+            )
+    if kind is Kind.video:
+        clips = DEFAULT_VIDEOS if videos is None else videos
+        for v in write_video_sources(directory, seed=seed, videos=clips):
+            console.print(
+                f"wrote {v.name}: {v.samples} samples, {v.videos} videos ({v.seconds:.0f} s), "
+                f"{v.bytes / 1e6:.1f} MB in {len(v.files)} files"
             )

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from msd.errors import LaunchError
+from msd.sample import PIXEL_KEYS
 from msd.wire import compact
 
 IGNORE_INDEX = compact.IGNORE_INDEX
@@ -146,9 +147,12 @@ def cpu_tensors(
 def with_normalised_pixels(
     tensors: dict[str, torch.Tensor], normalise: Normalise | None
 ) -> dict[str, torch.Tensor]:
-    """``tensors`` with ``pixel_values`` normalised when ``normalise`` is given."""
-    if normalise is not None and "pixel_values" in tensors:
-        tensors["pixel_values"] = normalised(tensors["pixel_values"], *normalise)
+    """``tensors`` with ``pixel_values`` (and ``pixel_values_videos``) normalised when
+    ``normalise`` is given."""
+    if normalise is not None:
+        for key in PIXEL_KEYS:
+            if key in tensors:
+                tensors[key] = normalised(tensors[key], *normalise)
     return tensors
 
 

@@ -13,12 +13,16 @@ token is an image placeholder (nothing learns to predict one), and the images of
 come in the order their samples appear in the rows: ``pixel_values`` [patches, patch values]
 uint8, ``image_grid_thw`` [images, 3] int64, ``vision_cu_seqlens`` [images + 1] int32 (patch
 offsets: each image is its own sequence in the encoder) and ``image_sample_ids`` /
-``image_source_ids`` [images] int64.
+``image_source_ids`` [images] int64. With videos (``video`` given) the same for them:
+``pixel_values_videos`` [patches, video patch values] uint8, ``video_grid_thw`` [videos, 3],
+``video_cu_seqlens`` [videos + 1], ``second_per_grid_ts`` [videos] float32 (seconds one
+temporal patch spans, for Qwen2.5-VL's time-aligned positions), ``video_sample_ids`` /
+``video_source_ids``; ``labels`` are ``IGNORE_INDEX`` before a video placeholder too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +31,16 @@ from msd.sample import FILLER, SampleImages
 
 IGNORE_INDEX = -100
 PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class VideoOutput:
+    """How a batch's videos are given: their placeholder token, the values of one video patch,
+    the seconds one temporal patch spans."""
+
+    token_id: int
+    patch_values: int
+    seconds_per_grid: float
 
 
 @dataclass(frozen=True)
@@ -47,11 +61,12 @@ def pack_rows(
     seq_len: int,
     image_token_id: int | None = None,
     patch_values: int = 0,
+    video: VideoOutput | None = None,
 ) -> dict[str, np.ndarray]:
     """Arrays ``input_ids``, ``labels``, ``position_ids`` ([rows, seq_len] int64), ``cu_seqlens``
     (int32), ``sample_ids``, ``source_ids`` and ``sample_offsets`` (int64, in row order; the
     offset is where a piece of a split sample starts within it); with ``image_token_id``, the
-    image tensors too (``patch_values`` wide)."""
+    image tensors too (``patch_values`` wide); with ``video``, the video tensors."""
     num_rows = len(rows)
     input_ids = np.full((num_rows, seq_len), PAD_ID, dtype=np.int64)
     labels = np.full((num_rows, seq_len), IGNORE_INDEX, dtype=np.int64)
@@ -75,7 +90,7 @@ def pack_rows(
     vision = (
         {}
         if image_token_id is None
-        else _images(pieces, input_ids, labels, image_token_id, patch_values)
+        else _images(pieces, input_ids, labels, image_token_id, patch_values, video)
     )
     return vision | {
         "input_ids": input_ids,
@@ -94,23 +109,53 @@ def _images(
     labels: np.ndarray,
     image_token_id: int,
     values: int,
+    video: VideoOutput | None = None,
 ) -> dict[str, np.ndarray]:
     labels[labels == image_token_id] = IGNORE_INDEX
+    if video is not None:
+        labels[labels == video.token_id] = IGNORE_INDEX
     # Fillers (before an image that would have crossed a row boundary) are padding.
     labels[(labels == FILLER) | (input_ids == FILLER)] = IGNORE_INDEX
     input_ids[input_ids == FILLER] = PAD_ID
     owned = [(p, p.images) for p in pieces if p.images is not None and p.images.grids]
-    grids = [g for _, images in owned for g in images.grids]
+    images = _visuals(owned, values, "pixel_values", "image", lambda im, k: not im.is_video(k))
+    if video is None:
+        return images
+    clips = _visuals(
+        owned, video.patch_values, "pixel_values_videos", "video", lambda im, k: im.is_video(k)
+    )
+    seconds = np.full(len(clips["video_grid_thw"]), video.seconds_per_grid, dtype=np.float32)
+    return images | clips | {"second_per_grid_ts": seconds}
+
+
+def _visuals(
+    owned: list[tuple[Piece, SampleImages]],
+    values: int,
+    pixels: str,
+    kind: str,
+    chosen: Callable[[SampleImages, int], bool],
+) -> dict[str, np.ndarray]:
+    """The tensors of the ``chosen`` items of ``owned`` (images, or videos), ``values`` wide."""
+    grids: list[tuple[int, int, int]] = []
+    patches: list[np.ndarray] = []
+    samples: list[int] = []
+    sources: list[int] = []
+    for piece, images in owned:
+        bounds = np.concatenate(([0], np.cumsum(images.rows))).tolist()
+        for k, grid in enumerate(images.grids):
+            if chosen(images, k):
+                grids.append(grid)
+                own = images.patches[bounds[k] : bounds[k + 1]]
+                patches.append(own.reshape(-1, values) if images.is_video(k) else own)
+                samples.append(piece.sample_id)
+                sources.append(piece.source)
     counts = [t * h * w for t, h, w in grids]
-    patches = [images.patches for _, images in owned]
     return {
-        "pixel_values": np.concatenate(patches) if patches else np.zeros((0, values), np.uint8),
-        "image_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3),
-        "vision_cu_seqlens": np.concatenate(([0], np.cumsum(counts))).astype(np.int32),
-        "image_sample_ids": np.array(
-            [p.sample_id for p, images in owned for _ in images.grids], dtype=np.int64
-        ),
-        "image_source_ids": np.array(
-            [p.source for p, images in owned for _ in images.grids], dtype=np.int64
-        ),
+        pixels: np.concatenate(patches) if patches else np.zeros((0, values), np.uint8),
+        f"{kind}_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3),
+        f"{'vision' if kind == 'image' else kind}_cu_seqlens": np.concatenate(
+            ([0], np.cumsum(counts))
+        ).astype(np.int32),
+        f"{kind}_sample_ids": np.array(samples, dtype=np.int64),
+        f"{kind}_source_ids": np.array(sources, dtype=np.int64),
     }

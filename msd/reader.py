@@ -28,6 +28,7 @@ import zmq
 from msd.errors import CheckpointError, LaunchError, ProtocolError
 from msd.jobdir import JobDir, Published, constructor_endpoint_name
 from msd.recipe.schema import stream_fingerprint
+from msd.sample import PIXEL_KEYS
 from msd.wire import compact, transport
 from msd.wire.protocol import (
     Batch,
@@ -201,8 +202,10 @@ class NumpyClient(Reader[np.ndarray]):
 
     def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> _Arrays:
         arrays = compact.decode(frames, shapes)
-        if self.normalise is not None and "pixel_values" in arrays:
-            arrays["pixel_values"] = normalised(arrays["pixel_values"], *self.normalise)
+        if self.normalise is not None:
+            for key in PIXEL_KEYS:
+                if key in arrays:
+                    arrays[key] = normalised(arrays[key], *self.normalise)
         return _Arrays(arrays)
 
 

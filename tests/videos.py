@@ -4,7 +4,9 @@ which frame they are, and damaged files made from them."""
 from __future__ import annotations
 
 import io
+import tarfile
 from fractions import Fraction
+from pathlib import Path
 
 import av
 import numpy as np
@@ -74,3 +76,12 @@ def decode_all(data: bytes) -> list[np.ndarray]:
     takes them (``to_ndarray(format="rgb24")``)."""
     with av.open(io.BytesIO(data)) as container:
         return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    """An uncompressed tar of ``members`` (name, bytes) in that order: a WebDataset shard."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))

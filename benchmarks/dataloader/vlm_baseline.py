@@ -41,7 +41,7 @@ from msd.recipe.schema import Transform, Vision
 from msd.sample import SampleImages
 from msd.sources.formats.parquet import READ_BUFFER_BYTES
 from msd.sources.fuse import Fuser, FuseSpec, geometry_of
-from msd.sources.image_rows import ROW_TYPE
+from msd.sources.image_rows import rows_of
 from msd.sources.transforms import make_transform
 
 TEXT_COLUMN = "text"
@@ -90,9 +90,9 @@ class VlmStreamConfig:
 
 
 def image_rows(table: pa.Table, image_column: str) -> pa.StructArray:
-    """A row group's ``text`` and image column as msd's image rows (``ROW_TYPE``): text bytes,
-    and each row's images as a list of bytes (an Image struct's ``bytes``; one image a list of
-    one)."""
+    """A row group's ``text`` and image column as msd's image rows (``image_rows.ROW_TYPE``):
+    text bytes, and each row's images as a list of bytes (an Image struct's ``bytes``; one image
+    a list of one)."""
     text = table.column(TEXT_COLUMN).combine_chunks().cast(pa.large_binary())
     column = table.column(image_column).combine_chunks()
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
@@ -103,7 +103,7 @@ def image_rows(table: pa.Table, image_column: str) -> pa.StructArray:
         offsets = np.arange(len(column) + 1, dtype=np.int32)
         values = _bytes_of(column)
     images = pa.ListArray.from_arrays(pa.array(offsets), values)
-    return pa.StructArray.from_arrays([text, images], fields=list(ROW_TYPE))
+    return rows_of(text, images)
 
 
 def _bytes_of(values: pa.Array) -> pa.Array:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
 import numpy as np
 
 from msd.control.views import (
@@ -178,6 +180,11 @@ class JobObserver:
             per_source,
             skipped_images or (0,) * len(self.source_names),
         )
+        media = _media(loader_roles)
+        sources = tuple(
+            msgspec.structs.replace(v, **media[i]) if i in media else v
+            for i, v in enumerate(sources)
+        )
         job = JobView(
             state=state,
             step=int(last_totals.consumed),
@@ -228,6 +235,25 @@ class JobObserver:
         if role.last is None:
             return "starting"
         return "running" if now - role.last_at < SILENT_AFTER_S else "silent"
+
+
+def _media(loaders: list[_Role]) -> dict[int, dict[str, Any]]:
+    """Per image or video source the running loaders report on: what they left out as they
+    read, by reason, and the videos they decoded (``SourceView``'s fields)."""
+    found: dict[int, dict[str, Any]] = {}
+    for role in loaders:
+        for load in role.last.sources if role.last else ():
+            if not (load.skipped or load.videos_read):
+                continue
+            own = found.setdefault(
+                load.source, {"left_out": {}, "videos_read": 0, "video_s": 0.0, "video_cpu_s": 0.0}
+            )
+            for reason, n in load.skipped:
+                own["left_out"][reason] = own["left_out"].get(reason, 0) + n
+            own["videos_read"] += load.videos_read
+            own["video_s"] = round(own["video_s"] + load.video_s, 3)
+            own["video_cpu_s"] = round(own["video_cpu_s"] + load.video_cpu_s, 3)
+    return found
 
 
 def _per_source(loaders: list[_Role], sources: int) -> tuple[list[int], ...]:

@@ -34,6 +34,13 @@ class SourceView(msgspec.Struct, frozen=True, kw_only=True):
     queue_tokens: int
     errors: int
     skipped_images: int = 0  # images of delivered samples left out (undecodable, no bytes, ...)
+    # What the running loaders of an image or video source left out as they read, by reason
+    # (e.g. "videos undecodable (truncated)"), and the videos they decoded: how many, their
+    # seconds, and the CPU seconds the decodes took.
+    left_out: dict[str, int] = {}
+    videos_read: int = 0
+    video_s: float = 0.0
+    video_cpu_s: float = 0.0
 
 
 class LoaderView(msgspec.Struct, frozen=True, kw_only=True):

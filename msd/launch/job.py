@@ -270,6 +270,7 @@ def logged_error(log: Path, tail_bytes: int = 64 * 1024) -> str:
 def summary(status: Status) -> dict[str, Any]:
     """The run's figures as plain data (the CLI renders them; ``--json`` prints them)."""
     total = max(1, sum(status.source_samples))
+    sources = status.view.sources if status.view is not None else ()
     return {
         "steps": status.consumed,
         "tokens": status.tokens_consumed,
@@ -285,6 +286,14 @@ def summary(status: Status) -> dict[str, Any]:
         "skipped_images": sum(status.skipped_images),
         "skipped_images_by_source": {
             n: k for n, k in zip(status.source_names, status.skipped_images, strict=False) if k
+        },
+        "left_out_by_source": {
+            v.name: dict(sorted(v.left_out.items())) for v in sources if v.left_out
+        },
+        "videos_by_source": {
+            v.name: {"read": v.videos_read, "seconds": v.video_s, "cpu_s": v.video_cpu_s}
+            for v in sources
+            if v.videos_read
         },
         "truncated_tokens": sum(status.truncated_tokens),
         "truncated_tokens_by_source": {

@@ -24,6 +24,15 @@ VISION = (
     "image_sample_ids",
     "image_source_ids",
 )
+# What it needs of the videos, in a job with video sources.
+VIDEO = (
+    "pixel_values_videos",
+    "video_grid_thw",
+    "video_cu_seqlens",
+    "second_per_grid_ts",
+    "video_sample_ids",
+    "video_source_ids",
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class Topology:
     tp: int = 1
     order: tuple[str, ...] = DEFAULT_ORDER
     vision: bool = False  # the job has image sources
+    videos: bool = False  # the job has video sources
 
     @property
     def world_size(self) -> int:
@@ -77,6 +87,8 @@ class Topology:
             names += INPUTS
             if self.vision:
                 names += VISION
+            if self.videos:
+                names += VIDEO
         if coords.pp == self.pp - 1:
             names += LABELS
             if "position_ids" not in names:

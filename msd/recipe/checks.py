@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from msd.recipe.plan_checks import check_plan
-from msd.recipe.schema import Recipe, Source, Trainer, Transform, Vision
+from msd.recipe.schema import Recipe, Source, Trainer, Transform, Video, Vision
 
 # Source names end up in file names, metric labels and checkpoint keys, so keep them plain.
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -42,6 +42,8 @@ def check_recipe(recipe: Recipe) -> list[Problem]:
     problems += _check_batch(recipe) + _check_steps(recipe) + _check_rest(recipe)
     if recipe.has_images:
         problems += check_vision(recipe.vision, recipe.seq_len)
+    if recipe.has_videos:
+        problems += check_video(recipe.video, recipe.vision, recipe.seq_len)
     if recipe.balance.max_patches is not None:
         fix = "allow at least one patch per micro-batch, or remove it for no limit"
         problems += _at_least("balance.max_patches", recipe.balance.max_patches, 1, fix)
@@ -169,6 +171,88 @@ def _check_images(key: str, source: Source) -> list[Problem]:
     if source.data_format == "webdataset" and not [e for e in source.image_exts if e.strip(".")]:
         fix = "list the image members' extensions, e.g. [jpg, png]"
         problems.append(Problem(f"{key}.image_exts", f"is empty; {fix}"))
+    return problems + _check_videos(key, source)
+
+
+def _check_videos(key: str, source: Source) -> list[Problem]:
+    """Videos come from a Parquet column or WebDataset members, never both, and a member is an
+    image or a video, not both."""
+    problems = []
+    fmt = source.data_format
+    if source.video_column is not None and fmt != "parquet":
+        fix = (
+            "WebDataset videos are the members named by video_exts"
+            if fmt == "webdataset"
+            else ("videos come from Parquet video columns or WebDataset shards")
+        )
+        problems.append(Problem(f"{key}.video_column", f"is not read from {fmt} files; {fix}"))
+    if source.video_column == "":
+        problems.append(Problem(f"{key}.video_column", "is empty; name a column of videos"))
+    if source.video_column is not None and source.video_column == source.image_column:
+        fix = "name a column of images and another of videos"
+        problems.append(Problem(f"{key}.video_column", f"is also the image column; {fix}"))
+    if source.video_exts and fmt != "webdataset":
+        fix = "use video_column for a Parquet source" if fmt == "parquet" else "remove it"
+        problems.append(Problem(f"{key}.video_exts", f"is for WebDataset sources; {fix}"))
+    video_exts = [e.strip(".").lower() for e in source.video_exts]
+    if "" in video_exts:
+        problems.append(Problem(f"{key}.video_exts", "lists an empty extension; remove it"))
+    both = sorted(set(video_exts) & {e.strip(".").lower() for e in source.image_exts})
+    if both and fmt == "webdataset":
+        fix = "a member is read as an image or a video, not both: remove it from one list"
+        problems.append(
+            Problem(f"{key}.video_exts", f"shares {', '.join(both)} with image_exts; {fix}")
+        )
+    return problems
+
+
+def check_video(video: Video, vision: Vision, seq_len: int) -> list[Problem]:
+    """Videos sample a sensible number of frames into patches the encoder takes, and the
+    smallest video fits a row."""
+    problems = []
+    for name in ("min_frames", "max_frames", "temporal_patch_size"):
+        problems += _at_least(f"video.{name}", getattr(video, name), 1, "use at least 1")
+    for name in ("fps", "max_duration_s"):
+        value = getattr(video, name)
+        if not (math.isfinite(value) and value > 0):
+            problems.append(Problem(f"video.{name}", f"must be a positive number, got {value}"))
+    problems += _at_least("video.threads", video.threads, 0, "use 0 (FFmpeg's choice) or more")
+    if problems:
+        return problems
+    if video.min_frames > video.max_frames:
+        fix = "set min_frames <= max_frames"
+        problems.append(
+            Problem("video.min_frames", f"is over max_frames ({video.max_frames}); {fix}")
+        )
+    if video.temporal_patch_size % vision.temporal_patch_size:
+        fix = f"use a multiple of vision.temporal_patch_size ({vision.temporal_patch_size})"
+        problems.append(
+            Problem("video.temporal_patch_size", f"is {video.temporal_patch_size}; {fix}")
+        )
+    factor = vision.patch_size * vision.merge_size
+    if not factor**2 <= video.min_pixels <= video.max_pixels:
+        fix = f"set {factor}² = {factor**2} <= min_pixels <= max_pixels"
+        got = f"got {video.min_pixels} and {video.max_pixels}"
+        problems.append(Problem("video.min_pixels", f"is out of order ({got}); {fix}"))
+    if video.total_pixels is not None and video.total_pixels < video.min_pixels:
+        fix = "allow at least min_pixels, or remove it for no cap"
+        problems.append(Problem("video.total_pixels", f"is under min_pixels; {fix}"))
+    frames = -(-min(video.min_frames, video.max_frames) // video.temporal_patch_size)
+    smallest = frames * max(1, video.min_pixels // factor**2)
+    if smallest > seq_len:
+        fix = "lower video.min_pixels or video.min_frames, or raise seq_len"
+        problems.append(
+            Problem("video.min_pixels", f"makes every video {smallest} tokens, over seq_len; {fix}")
+        )
+    if not 0 <= video.video_token_id < 2**31:
+        fix = "use a token id of the vocabulary (below 2**31)"
+        problems.append(Problem("video.video_token_id", f"is {video.video_token_id}; {fix}"))
+    elif video.video_token_id == vision.image_token_id:
+        fix = "images and videos need placeholder tokens of their own"
+        problems.append(Problem("video.video_token_id", f"is vision.image_token_id too; {fix}"))
+    if not video.marker or video.marker == vision.marker:
+        fix = "use a marker of its own, e.g. <video>"
+        problems.append(Problem("video.marker", f"is {video.marker!r}; {fix}"))
     return problems
 
 

@@ -78,6 +78,9 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     image_column: a Parquet column of images (binary, the Hugging Face Image struct
         ``{bytes, path}``, or a list of either for interleaved documents); with it each sample
         is text + images, the text marking where each image goes (``vision.marker``).
+    video_column, video_exts: a Parquet column of videos (binary, a ``{bytes, path}`` struct, or a
+        list of either), or the WebDataset members holding videos (e.g. ``[mp4, webm, mkv, mov,
+        gif]``; none by default); each marked in the text by ``video.marker``.
     shadows: hot-standby loader processes with the source open; one takes over the work of a
         loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
     endpoint_url: an S3-compatible store's endpoint for an ``s3://`` path (default: the AWS
@@ -98,6 +101,8 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     token_column: str | None = None
     image_column: str | None = None
     image_exts: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+    video_column: str | None = None
+    video_exts: tuple[str, ...] = ()
     transform: Transform = Transform()
     repeat: bool = True
     loaders: int | Literal["auto"] = 1
@@ -120,7 +125,14 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
     @property
     def has_images(self) -> bool:
-        return self.data_format == "webdataset" or self.image_column is not None
+        """Its samples are text with images or videos (read by ``msd.sources.image_rows``)."""
+        return self.data_format == "webdataset" or self.image_column is not None or self.has_videos
+
+    @property
+    def has_videos(self) -> bool:
+        return self.video_column is not None or (
+            self.data_format == "webdataset" and bool(self.video_exts)
+        )
 
 
 class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -146,6 +158,35 @@ class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     def bytes_per_image_token(self) -> int:
         """The uint8 patch values one placeholder token stands for: merge_size² patches."""
         return self.merge_size**2 * 3 * self.temporal_patch_size * self.patch_size**2
+
+
+class Video(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How the videos of video sources become patches and placeholder tokens (Qwen2-VL's video
+    processor's defaults; patch and merge sizes are ``vision``'s): ``fps`` frames sampled per
+    second of the stream, between ``min_frames`` and ``max_frames``, rounded down to a multiple
+    of ``temporal_patch_size`` (the last frame repeated to fill); each frame resized within
+    ``min_pixels`` .. ``max_pixels``, and the whole video within ``total_pixels`` (None: no cap).
+    A video takes ``patches / merge_size²`` tokens ``video_token_id`` at its ``marker``.
+    ``max_duration_s``: a longer video is left out (counted). ``threads``: FFmpeg threads per
+    decode (0: FFmpeg's choice).
+    """
+
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    temporal_patch_size: int = 2
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    total_pixels: int | None = None
+    max_duration_s: float = 24 * 3600.0
+    threads: int = 1
+    video_token_id: int = 151656
+    marker: str = "<video>"
+
+    @property
+    def seconds_per_grid(self) -> float:
+        """Seconds of video one temporal patch spans (Qwen2.5-VL's ``second_per_grid_ts``)."""
+        return self.temporal_patch_size / self.fps
 
 
 class Distribute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -390,6 +431,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     cost: Cost = Cost()
     balance: Balance = Balance()
     vision: Vision = Vision()
+    video: Video = Video()
     loader: LoaderOptions = LoaderOptions()
     constructor: ConstructorOptions = ConstructorOptions()
     metrics: MetricsOptions = MetricsOptions()
@@ -421,6 +463,17 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return any(s.has_images for s in self.sources)
 
     @property
+    def has_videos(self) -> bool:
+        return any(s.has_videos for s in self.sources)
+
+    @property
+    def video_rows_per_patch(self) -> int:
+        """Rows of ``vision``'s patch width one video patch takes on the data path (a video
+        patch holds ``video.temporal_patch_size`` frames, an image patch
+        ``vision.temporal_patch_size``)."""
+        return self.video.temporal_patch_size // self.vision.temporal_patch_size
+
+    @property
     def micro_batches(self) -> int:
         return self.rows_per_rank // self.micro_batch_size
 
@@ -430,8 +483,16 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return self.loader.buffer_tokens or default
 
     @property
-    def loader_buffer_bytes(self) -> int:
+    def bytes_per_visual_token(self) -> int:
+        """The most uint8 patch values one placeholder token (of an image or a video) stands for."""
         per_token = self.vision.bytes_per_image_token
+        if self.has_videos:
+            per_token = max(per_token, self.video_rows_per_patch * per_token)
+        return per_token
+
+    @property
+    def loader_buffer_bytes(self) -> int:
+        per_token = self.bytes_per_visual_token
         return self.loader.buffer_bytes or self.global_batch_tokens * per_token
 
 
@@ -458,6 +519,11 @@ def stream_fingerprint(recipe: Recipe) -> str:
                     if s.has_images
                     else {}
                 ),
+                **(
+                    {"video_column": s.video_column, "video_exts": s.video_exts}
+                    if s.has_videos
+                    else {}
+                ),
                 **({"group_rows": s.group_rows} if s.group_rows is not None else {}),
                 **(
                     {"format": s.data_format}
@@ -472,6 +538,8 @@ def stream_fingerprint(recipe: Recipe) -> str:
         stream["vision"] = msgspec.to_builtins(recipe.vision)
         if recipe.balance.max_patches is not None:
             stream["max_patches"] = recipe.balance.max_patches
+    if recipe.has_videos:
+        stream["video"] = msgspec.to_builtins(recipe.video)
     blob = json.dumps(stream, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

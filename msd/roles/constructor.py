@@ -24,7 +24,7 @@ import zmq
 from msd import logs
 from msd.checkpoint.resume import latest_state
 from msd.jobdir import JobDir, constructor_endpoint_name
-from msd.pack import Piece, pack_rows
+from msd.pack import Piece, VideoOutput, pack_rows
 from msd.plan.spec import topology_of
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
@@ -109,6 +109,15 @@ class Constructor:
         self.image_token = recipe.vision.image_token_id if self.vision else None
         v = recipe.vision
         self.patch_values = 3 * v.temporal_patch_size * v.patch_size**2
+        self.video = (
+            VideoOutput(
+                recipe.video.video_token_id,
+                self.patch_values * recipe.video_rows_per_patch,
+                recipe.video.seconds_per_grid,
+            )
+            if recipe.has_videos
+            else None
+        )
         self.coords = {rank: self.topology.coords(rank) for rank in ranks}
         self.groups: dict[tuple[int, int], list[int]] = {}
         for rank, c in self.coords.items():
@@ -298,7 +307,9 @@ class Constructor:
         rows = self._rows(plan, self.intake.take(step))
         size = 0
         for dp, cp_rank in self.groups:
-            packed = pack_rows(rows[dp], self.recipe.seq_len, self.image_token, self.patch_values)
+            packed = pack_rows(
+                rows[dp], self.recipe.seq_len, self.image_token, self.patch_values, self.video
+            )
             ready = Ready.of(cp_slice(packed, self.topology.cp, cp_rank))
             self.ready[(dp, cp_rank, step)] = ready
             size += ready.nbytes
@@ -340,7 +351,8 @@ class Constructor:
         """The images whose placeholders lie in tokens ``start .. stop`` of their sample (an
         image is never cut: its sample was split at text positions)."""
         assert self.image_token is not None
-        begins = images.starts(tokens, self.image_token, self.recipe.vision.merge_size)
+        video = self.recipe.video.video_token_id
+        begins = images.starts(tokens, self.image_token, self.recipe.vision.merge_size, video)
         first, last = np.searchsorted(begins, [start, stop]).tolist()
         return images.subset(first, last) if last > first else None
 
@@ -478,7 +490,13 @@ def payload_samples(msg: Payload, buffers: list[memoryview]) -> list[Sample]:
             if n:
                 own = grids[first[i] : first[i] + n]
                 span = patches[rows[first[i]] : rows[first[i] + n]]
-                images[i] = SampleImages(span, tuple((t, h, w) for t, h, w in own.tolist()))
+                videos = tuple(bool(v) for v in msg.videos[first[i] : first[i] + n])
+                images[i] = SampleImages(
+                    span,
+                    tuple((t, h, w) for t, h, w in own.tolist()),
+                    videos if any(videos) else (),
+                    msg.video_rows,
+                )
     return [(tokens[bounds[i] : bounds[i + 1]], images[i]) for i in range(len(msg.gpos))]
 
 
@@ -489,7 +507,7 @@ def early_cap_bytes(recipe: Recipe, groups: int) -> int:
     window = 2 * recipe.constructor.prefetch_steps + 8
     per_token = 4
     if recipe.has_images:  # a placeholder token brings merge_size² patches with it
-        per_token += recipe.vision.bytes_per_image_token
+        per_token += recipe.bytes_per_visual_token
     step_bytes = groups * recipe.rows_per_rank * recipe.seq_len * per_token
     return max(EARLY_CAP_MIN_BYTES, 8 * window * step_bytes)
 

@@ -1,11 +1,15 @@
 """One image-text sample as the trainer sees it: text tokens with a run of placeholder tokens
-at each image's place, and the images' patches (pure: bytes in, arrays out, no sockets).
+at each image's (and video's) place, and their patches (pure: bytes in, arrays out, no sockets).
 
 The text holds one ``marker`` per image, in order; without markers the images precede the
 text. Image ``i`` takes ``patches_i / merge_size²`` tokens ``image_token_id`` where its marker
-was. What cannot be used is left out and counted by reason (`Skips`), the same way on every
-run: an image that does not decode, or has no bytes (its marker goes with it); markers and
-images that do not pair up (the extra ones); a sample without text.
+was. Videos are placed the same way, at their own ``video_marker``s, with ``video_token_id``
+placeholders (without video markers they follow the unmarked images, before the text); what
+is said of images below holds for videos.
+
+What cannot be used is left out and counted by reason (`Skips`), the same way on every run: an
+image that does not decode, or has no bytes (its marker goes with it); markers and images that
+do not pair up (the extra ones); a sample without text.
 
 An image is never cut across rows, so its pixels stay with its tokens. With ``long_samples:
 split`` (the Planner cuts a long sample at multiples of ``seq_len``) fillers move an image that
@@ -18,6 +22,9 @@ next row (``split``) or is left out.
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,10 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from msd.recipe.schema import Recipe, Vision
+from msd.recipe.schema import Recipe, Video, Vision
 from msd.sample import FILLER, SampleImages
+from msd.sources import video as videos
 from msd.sources.transforms import Ids, Tokenize
+from msd.sources.video import DecodedVideo, VideoSpec
 from msd.sources.vision import DecodedImage, DecodeFailure, ImageGeometry, decode
+
+Visual = DecodedImage | DecodedVideo
 
 Skips = Counter[str]
 _EMPTY: Ids = np.zeros(0, dtype=np.int32)
@@ -41,6 +52,10 @@ PAST_ROW = "images past seq_len"
 CUT_TOKENS = "text tokens cut after an image"
 NO_TEXT = "samples without text"
 OVER_PATCHES = "images over max_patches"
+VIDEO_NO_BYTES = "videos without bytes"
+UNPAIRED_VIDEO = "videos without a marker"
+UNPAIRED_VIDEO_MARKER = "video markers without a video"
+VIDEO_UNDECODABLE = "videos undecodable"  # followed by the reason, e.g. "(truncated)"
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,9 @@ class FuseSpec:
     long_samples: str = "truncate"
     max_rows: int = 1
     max_patches: int | None = None  # of one piece (a row's share of a micro-batch's budget)
+    video: VideoSpec | None = None  # None: the source's rows hold no videos
+    video_token_id: int = 0
+    video_marker: str = ""
 
 
 def geometry_of(vision: Vision) -> ImageGeometry:
@@ -69,12 +87,29 @@ def geometry_of(vision: Vision) -> ImageGeometry:
     )
 
 
-def fuse_spec(recipe: Recipe) -> FuseSpec:
-    """How this recipe's image samples are made."""
+def video_spec_of(video: Video, vision: Vision) -> VideoSpec:
+    """How a recipe's ``video`` section (and ``vision``'s patch and merge sizes) cut videos."""
+    return VideoSpec(
+        fps=video.fps,
+        min_frames=video.min_frames,
+        max_frames=video.max_frames,
+        patch_size=vision.patch_size,
+        merge_size=vision.merge_size,
+        temporal_patch_size=video.temporal_patch_size,
+        min_pixels=video.min_pixels,
+        max_pixels=video.max_pixels,
+        total_pixels=video.total_pixels,
+        max_duration_s=video.max_duration_s,
+        threads=video.threads,
+    )
+
+
+def fuse_spec(recipe: Recipe, with_videos: bool = False) -> FuseSpec:
+    """How this recipe's image samples are made (``with_videos``: a source of videos too)."""
     v = recipe.vision
     geometry = geometry_of(v)
     rows = recipe.global_batch_tokens // recipe.seq_len
-    return FuseSpec(
+    spec = FuseSpec(
         geometry,
         v.image_token_id,
         v.marker,
@@ -82,6 +117,14 @@ def fuse_spec(recipe: Recipe) -> FuseSpec:
         recipe.balance.long_samples,
         rows,
         recipe.balance.max_patches,
+    )
+    if not with_videos:
+        return spec
+    return dataclasses.replace(
+        spec,
+        video=video_spec_of(recipe.video, v),
+        video_token_id=recipe.video.video_token_id,
+        video_marker=recipe.video.marker,
     )
 
 
@@ -104,18 +147,56 @@ def decode_all(
     return out
 
 
+@dataclass
+class VideoCost:
+    """What decoding a source's videos cost: seconds of video decoded, and the CPU time."""
+
+    seconds: float = 0.0
+    cpu_s: float = 0.0
+
+
+def decode_videos(
+    clips: Sequence[bytes | None], spec: VideoSpec, skips: Skips, cost: VideoCost | None = None
+) -> list[DecodedVideo | None]:
+    """Each video decoded, or None (counted by reason) when it has no bytes or does not decode;
+    ``cost`` adds up the seconds decoded and the CPU time it took."""
+    out: list[DecodedVideo | None] = []
+    for data in clips:
+        if data is None or not len(data):
+            skips[VIDEO_NO_BYTES] += 1
+            out.append(None)
+            continue
+        started = time.thread_time()
+        header = videos.probe(bytes(data), spec)
+        decoded = header if isinstance(header, DecodeFailure) else videos.decode(data, spec, header)
+        if cost is not None:
+            cost.cpu_s += time.thread_time() - started
+        if isinstance(decoded, DecodeFailure):
+            skips[f"{VIDEO_UNDECODABLE} ({decoded.reason})"] += 1
+            out.append(None)
+        else:
+            assert not isinstance(header, DecodeFailure)
+            if cost is not None:
+                cost.seconds += header.frames / header.fps
+            out.append(decoded)
+    return out
+
+
 def fuse(
     segments: Sequence[Ids],
     images: Sequence[DecodedImage | None],
     spec: FuseSpec,
     skips: Skips,
+    clips: Sequence[DecodedVideo | None] = (),
+    kinds: Sequence[bool] | None = None,
 ) -> tuple[Ids, SampleImages | None]:
     """The fused ids of a sample whose text tokenized to ``segments`` (one more than markers,
-    or one: no markers) and its images (None: not decoded), and the images kept."""
-    order, head = _pair(segments, images, skips)
+    or one: no markers), its images and videos (None: not decoded; ``kinds``: which markers
+    are video markers, None: none are), and the images and videos kept."""
+    order, head = _pair(segments, images, skips, clips, kinds)
     parts: list[Ids] = [] if head is None else [head]
     length = 0 if head is None else len(head)
-    kept: list[DecodedImage] = []
+    kept: list[Visual] = []
     full = False  # no later image fits
     piece_patches: dict[int, int] = {}  # piece → its images' patches so far
     for image, text in order:
@@ -129,7 +210,10 @@ def fuse(
             if fill is not None:
                 if fill:
                     parts.append(np.full(fill, FILLER, dtype=np.int32))
-                parts.append(np.full(image.tokens, spec.image_token_id, dtype=np.int32))
+                token = (
+                    spec.video_token_id if isinstance(image, DecodedVideo) else spec.image_token_id
+                )
+                parts.append(np.full(image.tokens, token, dtype=np.int32))
                 length += fill + image.tokens
                 kept.append(image)
         if text is not None:
@@ -143,31 +227,81 @@ def fuse(
     if limit is not None and len(ids) > limit:
         skips[CUT_TOKENS] += len(ids) - limit
         ids = ids[:limit]
-    patches = np.concatenate([im.patches for im in kept])
-    return ids, SampleImages(patches, tuple(im.grid for im in kept))
+    return ids, _sample_images(kept, spec)
+
+
+def _sample_images(kept: Sequence[Visual], spec: FuseSpec) -> SampleImages:
+    """The patches of ``kept`` as one array of the image patch width (a video patch, of more
+    frames, takes several rows)."""
+    width = spec.geometry.patch_values
+    if not any(isinstance(v, DecodedVideo) for v in kept):
+        return SampleImages(
+            np.concatenate([im.patches for im in kept]), tuple(im.grid for im in kept)
+        )
+    assert spec.video is not None
+    patches = np.concatenate([v.patches.reshape(-1, width) for v in kept])
+    return SampleImages(
+        patches,
+        tuple(v.grid for v in kept),
+        tuple(isinstance(v, DecodedVideo) for v in kept),
+        spec.video.patch_values // width,
+    )
 
 
 def _pair(
-    segments: Sequence[Ids], images: Sequence[DecodedImage | None], skips: Skips
-) -> tuple[list[tuple[DecodedImage | None, Ids | None]], Ids | None]:
-    """(image, the text after it) in order, and the text before the first image."""
+    segments: Sequence[Ids],
+    images: Sequence[DecodedImage | None],
+    skips: Skips,
+    clips: Sequence[DecodedVideo | None] = (),
+    kinds: Sequence[bool] | None = None,
+) -> tuple[list[tuple[Visual | None, Ids | None]], Ids | None]:
+    """(image or video, the text after it) in order, and the text before the first one."""
     markers = len(segments) - 1
-    if markers == 0:  # no markers: the images precede the text
-        order: list[tuple[DecodedImage | None, Ids | None]] = [(im, None) for im in images]
+    if kinds is None:
+        kinds = [False] * markers
+    marked_videos = sum(kinds)
+    marked_images = markers - marked_videos
+    # Unmarked images, then unmarked videos, precede the text.
+    order: list[tuple[Visual | None, Ids | None]] = []
+    if not marked_images:
+        order += [(im, None) for im in images]
+    if not marked_videos:
+        order += [(clip, None) for clip in clips]
+    if markers == 0:
         return [*order, (None, segments[0])], None
-    pairs = min(markers, len(images))
-    for reason, n in ((UNPAIRED_IMAGE, len(images) - pairs), (UNPAIRED_MARKER, markers - pairs)):
-        if n:
-            skips[reason] += n
-    return [(images[k] if k < pairs else None, segments[k + 1]) for k in range(markers)], segments[
-        0
-    ]
+    for own, marked, unpaired, unmarked in (
+        (images, marked_images, UNPAIRED_IMAGE, UNPAIRED_MARKER),
+        (clips, marked_videos, UNPAIRED_VIDEO, UNPAIRED_VIDEO_MARKER),
+    ):
+        pairs = min(marked, len(own))
+        if marked and len(own) > pairs:
+            skips[unpaired] += len(own) - pairs
+        if marked > pairs:
+            skips[unmarked] += marked - pairs
+    seen = [0, 0]  # images, videos paired so far
+    paired: list[tuple[Visual | None, Ids | None]] = []
+    for k, is_video in enumerate(kinds):
+        own = clips if is_video else images
+        j = seen[is_video]
+        seen[is_video] += 1
+        paired.append((own[j] if j < len(own) else None, segments[k + 1]))
+    if not order:
+        return paired, segments[0]
+    return [*order, (None, segments[0]), *paired], None
+
+
+def paired_counts(markers: int, video_markers: int, images: int, clips: int) -> tuple[int, int]:
+    """How many of a sample's images and videos are placed (and so decoded): all of a kind
+    without markers, else as many as pair with its markers."""
+    kept_images = images if markers == video_markers else min(images, markers - video_markers)
+    kept_clips = clips if not video_markers else min(clips, video_markers)
+    return kept_images, kept_clips
 
 
 def _within_patches(
     length: int,
     fill: int,
-    image: DecodedImage,
+    image: Visual,
     spec: FuseSpec,
     patches: dict[int, int],
     skips: Skips,
@@ -222,49 +356,84 @@ def _limit(spec: FuseSpec) -> int | None:
 class Fuser:
     """Turns rows of an image source (``msd.sources.image_rows.ROW_TYPE``) into samples; counts
     what it leaves out in ``skips``. ``require_text``: a row without text is left out whole
-    (a WebDataset key without its text member), else it is the images alone."""
+    (a WebDataset key without its text member), else it is the images alone. A row's videos
+    are read only when ``spec.video`` is set (a source of videos)."""
 
     def __init__(self, tokenize: Tokenize, spec: FuseSpec, require_text: bool) -> None:
         self.tokenize, self.spec, self.require_text = tokenize, spec, require_text
         self.skips: Skips = Counter()
         self.images_read = 0
-        self.skipped_per_sample: list[int] = []  # of the rows of the last call: images left out
+        self.videos_read = 0
+        self.video_cost = VideoCost()
+        # of the rows of the last call: images and videos left out
+        self.skipped_per_sample: list[int] = []
         self._marker = spec.marker.encode("utf-8")
+        self._split: re.Pattern[bytes] | None = None
+        if spec.video is not None:
+            markers = [m.encode("utf-8") for m in (spec.marker, spec.video_marker) if m]
+            self._video_marker = spec.video_marker.encode("utf-8")
+            self._split = re.compile(b"(" + b"|".join(re.escape(m) for m in markers) + b")")
+
+    def _segments(self, text: bytes) -> tuple[list[bytes], list[bool] | None]:
+        """The text between markers, and which markers are video markers (None: no videos)."""
+        if self._split is None:
+            return (text.split(self._marker) if self._marker else [text]), None
+        parts = self._split.split(text)
+        return parts[::2], [m == self._video_marker for m in parts[1::2]]
 
     def __call__(self, rows: pa.StructArray) -> tuple[list[Ids], list[SampleImages | None]]:
         texts: list[bytes | None] = rows.field("text").to_pylist()
         images: list[list[bytes | None] | None] = rows.field("images").to_pylist()
+        with_videos = self.spec.video is not None
+        clips: list[list[bytes | None] | None] = (
+            rows.field("videos").to_pylist() if with_videos else [None] * len(texts)
+        )
         segments: list[list[bytes]] = []
+        kinds: list[list[bool] | None] = []
         for text in texts:
             if text is None and self.require_text:
                 segments.append([])
-            elif self._marker:
-                segments.append((text or b"").split(self._marker))
+                kinds.append(None)
             else:
-                segments.append([text or b""])
+                row, kind = self._segments(text or b"")
+                segments.append(row)
+                kinds.append(kind)
         flat = [seg for row in segments for seg in row]
         tokens = self.tokenize(pa.array(flat, pa.large_binary())) if flat else []
         ids: list[Ids] = []
         kept: list[SampleImages | None] = []
         self.skipped_per_sample = []
         at = 0
-        for row, own in zip(segments, images, strict=True):
-            self.images_read += len(own or [])
+        for row, kind, own, own_clips in zip(segments, kinds, images, clips, strict=True):
+            own, own_clips = own or [], own_clips or []
+            self.images_read += len(own)
+            self.videos_read += len(own_clips)
             if not row:
                 self.skips[NO_TEXT] += 1
                 ids.append(_EMPTY)
                 kept.append(None)
-                self.skipped_per_sample.append(len(own or []))
+                self.skipped_per_sample.append(len(own) + len(own_clips))
                 continue
-            own = own or []
-            paired = len(own) if len(row) == 1 else min(len(own), len(row) - 1)
+            marked_videos = sum(kind) if kind else 0
+            paired, paired_clips = paired_counts(
+                len(row) - 1, marked_videos, len(own), len(own_clips)
+            )
             decoded = decode_all(own[:paired], self.spec.geometry, self.skips)
             decoded += [None] * (len(own) - paired)  # unpaired: counted by fuse, not decoded
-            sample, pixels = fuse(tokens[at : at + len(row)], decoded, self.spec, self.skips)
+            decoded_clips: list[DecodedVideo | None] = []
+            if own_clips:
+                assert self.spec.video is not None
+                decoded_clips = decode_videos(
+                    own_clips[:paired_clips], self.spec.video, self.skips, self.video_cost
+                )
+                decoded_clips += [None] * (len(own_clips) - paired_clips)
+            sample, pixels = fuse(
+                tokens[at : at + len(row)], decoded, self.spec, self.skips, decoded_clips, kind
+            )
             at += len(row)
             ids.append(sample)
             kept.append(pixels)
             self.skipped_per_sample.append(
-                len(own or []) - (0 if pixels is None else len(pixels.grids))
+                len(own) + len(own_clips) - (0 if pixels is None else len(pixels.grids))
             )
         return ids, kept

@@ -1,6 +1,7 @@
-"""Image-text sources: their index (WebDataset shards or Parquet with an image column) and
-their rows, read as one Arrow struct per sample: ``text`` (binary, null when missing) and
-``images`` (a list of binary, an element null when its bytes are missing).
+"""Image-text (and video-text) sources: their index (WebDataset shards or Parquet with an image
+or video column) and their rows, read as one Arrow struct per sample: ``text`` (binary, null
+when missing), ``images`` and ``videos`` (lists of binary, an element null when its bytes are
+missing).
 
 A WebDataset shard is one "row group" of the source's index: its samples in the tar's order,
 found by scanning member headers once (then cached, ``MSD_CACHE_DIR`` or
@@ -26,7 +27,10 @@ from msd.sources.index import RowGroup, SourceIndex, tar_index, text_ext
 from msd.sources.read import RowGroupReader, Unavailable
 from msd.sources.webdataset import OpenShards, TarIndex
 
-ROW_TYPE = pa.struct([("text", pa.large_binary()), ("images", pa.list_(pa.large_binary()))])
+_BYTES_LIST = pa.list_(pa.large_binary())
+ROW_TYPE = pa.struct(
+    [("text", pa.large_binary()), ("images", _BYTES_LIST), ("videos", _BYTES_LIST)]
+)
 MAX_CACHED_TARS = 16
 
 
@@ -56,11 +60,12 @@ class ImageRowReader:
         """Rows ``rows`` (all when None) of row group ``rg``, in that order."""
         if self.src.format == "webdataset":
             return self._read_tar(rg, rows)
-        text = self.reader.read(rg, self.src.column)
-        assert self.source.image_column is not None
-        images = _as_image_lists(self.reader.read(rg, self.source.image_column))
-        text = text.cast(pa.large_binary())
-        table = pa.StructArray.from_arrays([text, images], fields=list(ROW_TYPE))
+        text = self.reader.read(rg, self.src.column).cast(pa.large_binary())
+        media = [
+            _none(len(text)) if column is None else _as_image_lists(self.reader.read(rg, column))
+            for column in (self.source.image_column, self.source.video_column)
+        ]
+        table = pa.StructArray.from_arrays([text, *media], fields=list(ROW_TYPE))
         return table if rows is None else table.take(pa.array(rows))
 
     def _tar(self, path: str) -> TarIndex:
@@ -88,23 +93,32 @@ class ImageRowReader:
                 "job started: restore it, or start a new job"
             )
         wanted = range(len(index.samples)) if rows is None else rows.tolist()
-        ext, exts = text_ext(self.source), [e.lower() for e in self.source.image_exts]
+        ext = text_ext(self.source)
+        exts = [e.strip(".").lower() for e in self.source.image_exts]
+        video_exts = [e.strip(".").lower() for e in self.source.video_exts]
         where: list[tuple[int, int]] = []  # every member to read, row by row
-        layout: list[tuple[bool, int]] = []  # of each row: has it a text, how many images
+        layout: list[tuple[bool, int, int]] = []  # of each row: has it a text, images, videos
         for r in wanted:
             members = index.samples[r].members
             text = members.get(ext)
             found = [members[e] for e in exts if e in members]
-            where += ([] if text is None else [text]) + found
-            layout.append((text is not None, len(found)))
+            clips = [members[e] for e in video_exts if e in members]
+            where += ([] if text is None else [text]) + found + clips
+            layout.append((text is not None, len(found), len(clips)))
         data = iter(self._read_members(rg, where))
         texts: list[bytes | None] = []
         images: list[list[bytes]] = []
-        for has_text, count in layout:
+        videos: list[list[bytes]] = []
+        for has_text, count, clips_count in layout:
             texts.append(next(data) if has_text else None)
             images.append([next(data) for _ in range(count)])
+            videos.append([next(data) for _ in range(clips_count)])
         return pa.StructArray.from_arrays(
-            [pa.array(texts, pa.large_binary()), pa.array(images, ROW_TYPE[1].type)],
+            [
+                pa.array(texts, pa.large_binary()),
+                pa.array(images, _BYTES_LIST),
+                pa.array(videos, _BYTES_LIST),
+            ],
             fields=list(ROW_TYPE),
         )
 
@@ -122,13 +136,34 @@ class ImageRowReader:
 
 
 def row_sizes(rows: pa.StructArray) -> np.ndarray:
-    """Bytes of each sample: its text and its images."""
+    """Bytes of each sample: its text, its images and its videos."""
     text = pc.fill_null(pc.binary_length(rows.field("text")), 0)
-    lists = rows.field("images")
-    flat = pc.fill_null(pc.binary_length(lists.flatten()), 0).to_numpy(zero_copy_only=False)
-    owner = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-    images = np.bincount(owner, flat.astype(np.float64), minlength=len(rows)).astype(np.int64)
-    return np.asarray(text.to_numpy(zero_copy_only=False), dtype=np.int64) + images
+    sizes = np.array(text.to_numpy(zero_copy_only=False), dtype=np.int64)
+    for name in ("images", "videos"):
+        lists = rows.field(name)
+        flat = pc.fill_null(pc.binary_length(lists.flatten()), 0).to_numpy(zero_copy_only=False)
+        owner = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+        sizes += np.bincount(owner, flat.astype(np.float64), minlength=len(rows)).astype(np.int64)
+    return sizes
+
+
+def rows_of(
+    text: pa.Array, images: pa.Array | None, videos: pa.Array | None = None
+) -> pa.StructArray:
+    """Rows of `ROW_TYPE` from a ``large_binary`` text column and ``list<large_binary>`` image
+    and video columns (None: no images, or videos, in any row)."""
+    n = len(text)
+    return pa.StructArray.from_arrays(
+        [text, _none(n) if images is None else images, _none(n) if videos is None else videos],
+        fields=list(ROW_TYPE),
+    )
+
+
+def _none(n: int) -> pa.Array:
+    """``n`` empty lists: a Parquet source without an image (or video) column."""
+    return pa.ListArray.from_arrays(
+        pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.large_binary())
+    )
 
 
 def _as_image_lists(column: pa.Array) -> pa.Array:

@@ -52,10 +52,16 @@ class SourceIndex:
     format: str = "parquet"
     image_column: str | None = None
     problems: tuple[str, ...] = ()  # what the WebDataset shard indexes found (samples left out)
+    video_column: str | None = None
 
     @property
     def has_images(self) -> bool:
-        return self.format == "webdataset" or self.image_column is not None
+        """Its rows are text with images or videos (``msd.sources.image_rows``)."""
+        return (
+            self.format == "webdataset"
+            or self.image_column is not None
+            or self.video_column is not None
+        )
 
 
 def source_key(name: str) -> int:
@@ -76,7 +82,8 @@ def open_source(source: Source, key: str) -> SourceIndex:
     files = retrying(lambda: _files(source, key), source.path, store)
     groups: list[RowGroup] = []
     problems: list[str] = []
-    holds_text = source.image_column is not None  # an image-only row is a sample too
+    # an image-only (video-only) row is a sample too
+    holds_text = source.image_column is not None or source.video_column is not None
     for path in files:
         found = retrying(functools.partial(fmt.index, source, key, path, column, kind), path, store)
         groups += [
@@ -114,6 +121,7 @@ def open_source(source: Source, key: str) -> SourceIndex:
         format=fmt.name,
         image_column=source.image_column,
         problems=tuple(problems),
+        video_column=source.video_column,
     )
 
 

@@ -57,11 +57,16 @@ def attention_cost(cu_seqlens: Any) -> float:
 
 
 def encoder_cost(batch: Batch) -> float:
-    """Σ patches² over the batch's images (the vision encoder's attention, per image); 0 for
-    a rank that gets no images."""
-    if "vision_cu_seqlens" not in batch:
-        return 0.0
-    return attention_cost(batch["vision_cu_seqlens"])
+    """Σ patches² over the batch's images, and Σ frames·(patches per frame)² over its videos
+    (the vision encoder's attention: per image, per temporal patch of a video); 0 for a rank
+    that gets neither."""
+    cost = 0.0
+    if "vision_cu_seqlens" in batch:
+        cost += attention_cost(batch["vision_cu_seqlens"])
+    if "video_grid_thw" in batch:
+        grids = host_array(batch["video_grid_thw"]).astype(np.float64).reshape(-1, 3)
+        cost += float(np.sum(grids[:, 0] * (grids[:, 1] * grids[:, 2]) ** 2))
+    return cost
 
 
 def real_tokens(batch: Batch) -> int:
@@ -132,6 +137,10 @@ def run(
                 record["image_sample_ids"] = host_array(batch["image_sample_ids"]).tolist()
                 record["image_source_ids"] = host_array(batch["image_source_ids"]).tolist()
                 record["patches"] = int(batch["pixel_values"].shape[0])
+            if "video_sample_ids" in batch:
+                record["video_sample_ids"] = host_array(batch["video_sample_ids"]).tolist()
+                record["video_source_ids"] = host_array(batch["video_source_ids"]).tolist()
+                record["video_patches"] = int(batch["pixel_values_videos"].shape[0])
             log.write(json.dumps(record) + "\n")
             log.flush()  # a line per step, as it happens: `tail -f` and tests read it live
             if save:

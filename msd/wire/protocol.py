@@ -18,7 +18,9 @@ import numpy as np
 from msd.control.views import StatusView
 from msd.errors import ProtocolError
 
-PROTOCOL_VERSION = 9  # 9: relayed payloads (Payload.to, Welcome.index); 8: compact tokens
+# 10: videos (Payload.videos, SourceLoad's video figures); 9: relayed payloads (Payload.to,
+# Welcome.index); 8: compact tokens
+PROTOCOL_VERSION = 10
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -142,8 +144,9 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     uint16, uint32 or int32): the samples' tokens back to back, ``lengths`` long each. With
     images, a second, uint8 buffer: their patches back to back, image after image in sample
     order; sample i holds ``images[i]`` of them (all 0, or empty, for text), image k has grid
-    ``grids[3k : 3k + 3]`` (frames, patch rows, patch columns), so ``rows × columns`` patches of
-    ``patch_values`` bytes.
+    ``grids[3k : 3k + 3]`` (frames, patch rows, patch columns), so ``frames × rows × columns``
+    patches of ``patch_values`` bytes. ``videos[k]`` is 1 where item k is a video (empty: none
+    is), whose patches take ``video_rows`` rows of ``patch_values`` bytes each.
 
     ``to``: relayed payloads (``msd.plan.fanout``) name, per sample, the Constructor it is for;
     empty when every sample is for the receiver.
@@ -158,6 +161,8 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     patch_values: int = 0
     token_dtype: str = "int32"
     to: tuple[int, ...] = ()
+    videos: tuple[int, ...] = ()
+    video_rows: int = 1
 
 
 TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "int32"})
@@ -183,9 +188,19 @@ class PayloadLayout(msgspec.Struct, frozen=True):
         return cls(
             bounds=bounds,
             first=np.cumsum((0, *msg.images)).tolist(),
-            rows=np.cumsum(np.concatenate(([0], grids[:, 1] * grids[:, 2]))).tolist(),
+            rows=np.cumsum(np.concatenate(([0], item_rows(msg, grids)))).tolist(),
             grids=grids,
         )
+
+
+def item_rows(msg: Payload, grids: np.ndarray) -> np.ndarray:
+    """Rows of the patch buffer each image or video of a payload takes."""
+    patches: np.ndarray = grids[:, 0] * grids[:, 1] * grids[:, 2]
+    if not msg.videos:
+        return patches
+    scale: np.ndarray = np.where(np.asarray(msg.videos, dtype=bool), msg.video_rows, 1)
+    rows: np.ndarray = patches * scale
+    return rows
 
 
 _NO_GRIDS = np.zeros((0, 3), dtype=np.int64)
@@ -335,6 +350,9 @@ class SourceLoad(msgspec.Struct, frozen=True, array_like=True):
     images_read: int = 0
     # (what, how many): images and samples left out as they were read, e.g. an undecodable image
     skipped: tuple[tuple[str, int], ...] = ()
+    videos_read: int = 0
+    video_s: float = 0.0  # seconds of video decoded
+    video_cpu_s: float = 0.0  # CPU time those decodes took
 
 
 class RankLoad(msgspec.Struct, frozen=True, array_like=True):
@@ -643,7 +661,7 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
     if buffers and buffers[0].nbytes != np.dtype(msg.token_dtype).itemsize * sum(msg.lengths):
         raise ProtocolError(f"a payload of {n} samples does not match its buffer")
     if not msg.images:
-        if msg.grids:
+        if msg.grids or msg.videos:
             raise ProtocolError("a payload without images lists image grids")
         return
     if len(msg.images) != n or min(msg.images) < 0 or len(msg.grids) != 3 * sum(msg.images):
@@ -653,8 +671,14 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
         )
     if msg.patch_values <= 0 or (msg.grids and min(msg.grids) <= 0):
         raise ProtocolError("a payload has an image grid or patch size below 1")
+    if msg.videos and (len(msg.videos) != sum(msg.images) or not set(msg.videos) <= {0, 1}):
+        raise ProtocolError(f"a payload of {sum(msg.images)} images flags {len(msg.videos)} videos")
+    if not 1 <= msg.video_rows <= 64:
+        raise ProtocolError(f"a payload's video patches take {msg.video_rows} rows each")
     grids = np.array(msg.grids, dtype=np.int64).reshape(-1, 3)
-    size = int(np.sum(grids[:, 1] * grids[:, 2], dtype=np.float64)) * msg.patch_values
+    if np.any(grids > 1 << 20):
+        raise ProtocolError("a payload lists an image grid over 2**20 patches a side")
+    size = int(np.sum(item_rows(msg, grids), dtype=np.float64)) * msg.patch_values
     if len(buffers) > 1 and buffers[1].nbytes != size:
         raise ProtocolError(f"a payload's images take {buffers[1].nbytes} bytes, expected {size}")
 

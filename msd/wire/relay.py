@@ -50,6 +50,7 @@ def _subset(msg: Payload, buffers: list[Any], idx: list[int]) -> Part:
         part,
         images=tuple(msg.images[i] for i in idx),
         grids=tuple(n for span in images for k in span for n in msg.grids[3 * k : 3 * k + 3]),
+        videos=tuple(msg.videos[k] for span in images for k in span) if msg.videos else (),
     )
     spans = [patches[rows[k] : rows[k + 1]] for span in images for k in span]
     pixels = np.concatenate(spans) if spans else patches[:0]

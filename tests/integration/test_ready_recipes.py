@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from msd.synth import synth, train_tokenizer
+from msd.synth_video import write_video_sources
 from msd.synth_vlm import write_vlm_sources
 from tests.conftest import SMALL_SOURCES, run_msd
 
@@ -15,13 +16,17 @@ RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"
 
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder with `demo-data/` and `demo-vlm/` as `msd synth demo-data` and
-    `msd synth demo-vlm --kind vlm` lay them out (smaller sources)."""
+    """A folder with `demo-data/`, `demo-vlm/` and `demo-video/` as `msd synth demo-data`,
+    `msd synth demo-vlm --kind vlm` and `msd synth demo-video --kind video` lay them out
+    (smaller sources)."""
     root = tmp_path_factory.mktemp("ready")
     synth(root / "demo-data", SMALL_SOURCES, seed=3, files_per_source=2, rows_per_row_group=32)
     train_tokenizer(root / "demo-data", SMALL_SOURCES, vocab_size=300, rows=50)
     synth(root / "demo-vlm", SMALL_SOURCES, seed=3, files_per_source=1, rows_per_row_group=32)
     write_vlm_sources(root / "demo-vlm", seed=3, samples=8, files_per_source=1)
+    synth(root / "demo-video", SMALL_SOURCES, seed=3, files_per_source=1, rows_per_row_group=32)
+    write_vlm_sources(root / "demo-video", seed=3, samples=4, files_per_source=1)
+    write_video_sources(root / "demo-video", seed=3, videos=2, files_per_source=1)
     return root
 
 

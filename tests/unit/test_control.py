@@ -127,6 +127,63 @@ def test_the_view_reports_rates_queues_and_ranks() -> None:
     assert line["step"] == 10 and line["sources"]["b"]["tokens_per_s"] == 1500.0
 
 
+def test_the_view_sums_what_video_loaders_left_out_and_decoded_per_source() -> None:
+    obs = JobObserver(("v", "t"))
+    for key, name in (("a", "v+0"), ("b", "v+1")):
+        obs.on_hello(key, Hello(role="loader", name=name, version=3, pid=7, sources=(0,)))
+    lost = (("videos undecodable (truncated)", 2), ("videos without a marker", 1))
+    obs.on_stats(
+        "a",
+        Stats(
+            "loader",
+            "v+0",
+            "h",
+            7,
+            1.0,
+            1,
+            sources=(
+                SourceLoad(
+                    0, 9, 90, 0, 0, skipped=lost, videos_read=5, video_s=10.0, video_cpu_s=0.5
+                ),
+            ),
+        ),
+        now=0.0,
+    )
+    obs.on_stats(
+        "b",
+        Stats(
+            "loader",
+            "v+1",
+            "h",
+            8,
+            1.0,
+            1,
+            sources=(
+                SourceLoad(
+                    0, 9, 90, 0, 0, skipped=lost[:1], videos_read=3, video_s=4.0, video_cpu_s=0.25
+                ),
+            ),
+        ),
+        now=0.0,
+    )
+    view = obs.view(
+        state="running",
+        planned=1,
+        steps=2,
+        uptime_s=1.0,
+        failure="",
+        weights=(1.0, 1.0),
+        lifecycle={},
+        counts={},
+        planner_pid=1,
+        now=1.0,
+    )
+    v, t = view.sources
+    assert v.left_out == {"videos undecodable (truncated)": 4, "videos without a marker": 1}
+    assert (v.videos_read, v.video_s, v.video_cpu_s) == (8, 14.0, 0.75)
+    assert t.left_out == {} and t.videos_read == 0
+
+
 def test_each_sources_row_is_its_own_numbers_among_thousands() -> None:
     """The rows are worked out a column at a time: each is still its own source's figures
     (rounded as shown: to 1e-6 of the mix, 0.01 samples/s, 0.1 tokens/s)."""

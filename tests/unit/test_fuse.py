@@ -85,9 +85,17 @@ def _runs(ids: np.ndarray) -> list[tuple[int, int]]:
     return runs
 
 
-def _rows(texts: list[bytes | None], images: list[list[bytes | None] | None]) -> pa.StructArray:
+def _rows(
+    texts: list[bytes | None],
+    images: list[list[bytes | None] | None],
+    videos: list[list[bytes | None] | None] | None = None,
+) -> pa.StructArray:
     return pa.StructArray.from_arrays(
-        [pa.array(texts, pa.large_binary()), pa.array(images, ROW_TYPE[1].type)],
+        [
+            pa.array(texts, pa.large_binary()),
+            pa.array(images, ROW_TYPE[1].type),
+            pa.array(videos or [[] for _ in texts], ROW_TYPE[2].type),
+        ],
         fields=list(ROW_TYPE),
     )
 

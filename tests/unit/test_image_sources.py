@@ -216,15 +216,16 @@ def test_row_sizes_are_text_bytes_plus_image_bytes(root: Path) -> None:
             assert min(expected) > 0
 
 
-def test_row_sizes_count_missing_text_and_images_as_nothing() -> None:
+def test_row_sizes_count_missing_text_images_and_videos_as_nothing() -> None:
     rows = pa.StructArray.from_arrays(
         [
             pa.array([b"abc", None, b"", b"z"], pa.large_binary()),
             pa.array([[b"12345", None], None, [], [b"1", b"22"]], ROW_TYPE[1].type),
+            pa.array([[b"123"], [None], None, []], ROW_TYPE[2].type),
         ],
         fields=list(ROW_TYPE),
     )
-    assert row_sizes(rows).tolist() == [8, 0, 0, 4]
+    assert row_sizes(rows).tolist() == [11, 0, 0, 4]
 
 
 def test_webdataset_index_sizes_are_every_members_bytes(root: Path) -> None:

@@ -40,12 +40,13 @@ sources:
     loaders: 2
 """
 SOURCE_KEYS = (
-    "name, path, weight, format, text_column, token_column, image_column, image_exts, transform, "
-    "repeat, loaders, shadows, endpoint_url, anonymous, group_rows"
+    "name, path, weight, format, text_column, token_column, image_column, image_exts, "
+    "video_column, video_exts, transform, repeat, loaders, shadows, endpoint_url, anonymous, "
+    "group_rows"
 )
 TOP_KEYS = (
     "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "
-    "mix, cost, balance, vision, loader, "
+    "mix, cost, balance, vision, video, loader, "
     "constructor, metrics, checkpoint, recovery, trainer, cluster, slurm"
 )
 

@@ -19,6 +19,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from msd.synth import SynthSource, synth, train_tokenizer
+from msd.synth_video import PARQUET_SOURCE as VIDEO_PARQUET
+from msd.synth_video import WDS_SOURCE as VIDEO_WDS
+from msd.synth_video import write_video_sources
 from msd.synth_vlm import (
     DEFAULT_SAMPLES,
     IMAGE_MARKER,
@@ -229,3 +232,35 @@ def test_cli_refuses_samples_without_kind_vlm(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["synth", str(tmp_path), "--samples", "4"])
     assert result.exit_code == 2 and "--kind vlm" in result.output
     assert not tmp_path.joinpath("web").exists()
+
+
+@pytest.mark.usefixtures("small_text")
+def test_cli_kind_video_adds_video_sources_beside_the_image_ones(tmp_path: Path) -> None:
+    args = ["synth", str(tmp_path), "--kind", "video", "--samples", "2", "--videos", "3"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = {k.split("/")[0] for k in _hashes(tmp_path)}
+    assert {VIDEO_WDS, VIDEO_PARQUET, WDS_SOURCE} <= written
+    assert f"wrote {VIDEO_WDS}: 3 samples, 3 videos" in result.output
+    rows = pq.read_table(tmp_path / VIDEO_PARQUET / "part-00000.parquet").to_pylist()
+    assert all(r["text"].startswith("<video>") and r["video"]["bytes"] for r in rows)
+    with tarfile.open(tmp_path / VIDEO_WDS / "shard-00000.tar") as tar:
+        names = tar.getnames()
+    assert any(n.endswith(".webm") for n in names) and any(n.endswith(".txt") for n in names)
+
+
+@pytest.mark.usefixtures("small_text")
+def test_cli_refuses_videos_without_kind_video(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["synth", str(tmp_path), "--kind", "vlm", "--videos", "2"])
+    assert result.exit_code == 2 and "--kind video" in result.output
+    assert not tmp_path.joinpath("web").exists()
+
+
+def test_video_sources_are_byte_identical_for_the_same_arguments(tmp_path: Path) -> None:
+    a = write_video_sources(tmp_path / "a", seed=5, videos=3, files_per_source=1)
+    b = write_video_sources(tmp_path / "b", seed=5, videos=3, files_per_source=1)
+    assert _hashes(tmp_path / "a") == _hashes(tmp_path / "b")
+    assert [s.seconds for s in a] == [s.seconds for s in b] and all(s.seconds >= 3 for s in a)
+    c = write_video_sources(tmp_path / "c", seed=6, videos=3, files_per_source=1)
+    assert _hashes(tmp_path / "c") != _hashes(tmp_path / "a")
+    assert [s.videos for s in c] == [3, 3]

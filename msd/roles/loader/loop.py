@@ -221,6 +221,12 @@ class Loader:
             grids=tuple(n for p in held for grid in p.grids for n in grid),
             patch_values=int(held[0].patches.shape[1]),
         )
+        if any(any(p.videos) for p in held):
+            payload = msgspec.structs.replace(
+                payload,
+                videos=tuple(int(p.is_video(k)) for p in held for k in range(len(p.grids))),
+                video_rows=next(p.video_rows for p in held if any(p.videos)),
+            )
         return payload, [buffer, np.concatenate([p.patches for p in held])]
 
 

@@ -125,7 +125,9 @@ class SourceShard:
         self.fuser: Fuser | None = None
         if self.src.has_images:
             self.images = ImageRowReader(spec, self.src, reader)
-            self.fuser = Fuser(self.tokenize, fuse_spec(recipe), self.src.format == "webdataset")
+            self.fuser = Fuser(
+                self.tokenize, fuse_spec(recipe, spec.has_videos), self.src.format == "webdataset"
+            )
         self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index
@@ -316,7 +318,8 @@ class SourceShard:
         seq_len, vision = self.recipe.seq_len, self.recipe.vision
         if len(tokens) <= seq_len:
             return [0] * len(images.grids)
-        starts = images.starts(tokens, vision.image_token_id, vision.merge_size)
+        video = self.recipe.video.video_token_id
+        starts = images.starts(tokens, vision.image_token_id, vision.merge_size, video)
         return [int(r) for r in starts // seq_len]
 
     def load(self) -> SourceLoad:
@@ -330,6 +333,9 @@ class SourceShard:
             busy_s=self.busy_s,
             images_read=0 if self.fuser is None else self.fuser.images_read,
             skipped=() if self.fuser is None else tuple(sorted(self.fuser.skips.items())),
+            videos_read=0 if self.fuser is None else self.fuser.videos_read,
+            video_s=0.0 if self.fuser is None else self.fuser.video_cost.seconds,
+            video_cpu_s=0.0 if self.fuser is None else self.fuser.video_cost.cpu_s,
         )
 
     def forget(self, gpos: int) -> None:

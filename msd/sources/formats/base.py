@@ -172,24 +172,28 @@ def reason(exc: BaseException) -> str:
     return first.split(". ")[0].rstrip(".")
 
 
-def check_image_column(source: Source, key: str, path: str, schema: pa.Schema) -> None:
-    """An image column holds binary, ``{bytes, ...}`` structs, or lists of either."""
-    column = source.image_column
+def check_image_column(
+    source: Source, key: str, path: str, schema: pa.Schema, field: str = "image_column"
+) -> None:
+    """An image (``field="video_column"``: video) column holds binary, ``{bytes, ...}`` structs,
+    or lists of either."""
+    column = getattr(source, field)
     assert column is not None
+    what = "video" if field == "video_column" else "image"
     if schema.get_field_index(column) < 0:
         names = ", ".join(schema.names) or "none"
         raise SourceError(
-            f"source '{source.name}' ({key}.image_column): '{path}' has no column '{column}' "
-            f"(it has: {names}); set image_column to one of them"
+            f"source '{source.name}' ({key}.{field}): '{path}' has no column '{column}' "
+            f"(it has: {names}); set {field} to one of them"
         )
     typ = schema.field(column).type
     inner = typ.value_type if pa.types.is_list(typ) or pa.types.is_large_list(typ) else typ
     if is_binary(inner) or (pa.types.is_struct(inner) and bytes_field(inner) is not None):
         return
     raise SourceError(
-        f"source '{source.name}' ({key}.image_column): '{path}' column "
-        f"'{source.image_column}' is {typ}, not binary, an image struct with a binary 'bytes' "
-        "field, or a list of those"
+        f"source '{source.name}' ({key}.{field}): '{path}' column "
+        f"'{column}' is {typ}, not binary, a{'n' if what == 'image' else ''} {what} struct with "
+        "a binary 'bytes' field, or a list of those"
     )
 
 
