@@ -22,7 +22,7 @@ temporal patch spans, for Qwen2.5-VL's time-aligned positions), ``video_sample_i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,44 +118,63 @@ def _images(
     labels[(labels == FILLER) | (input_ids == FILLER)] = IGNORE_INDEX
     input_ids[input_ids == FILLER] = PAD_ID
     owned = [(p, p.images) for p in pieces if p.images is not None and p.images.grids]
-    images = _visuals(owned, values, "pixel_values", "image", lambda im, k: not im.is_video(k))
+    images = _visuals(owned, values, False, _IMAGE_NAMES)
     if video is None:
         return images
-    clips = _visuals(
-        owned, video.patch_values, "pixel_values_videos", "video", lambda im, k: im.is_video(k)
-    )
+    clips = _visuals(owned, video.patch_values, True, _VIDEO_NAMES)
     seconds = np.full(len(clips["video_grid_thw"]), video.seconds_per_grid, dtype=np.float32)
     return images | clips | {"second_per_grid_ts": seconds}
+
+
+# The tensors of a batch's images, and of its videos: pixels, grids, cu_seqlens, owners.
+_IMAGE_NAMES = (
+    "pixel_values",
+    "image_grid_thw",
+    "vision_cu_seqlens",
+    "image_sample_ids",
+    "image_source_ids",
+)
+_VIDEO_NAMES = (
+    "pixel_values_videos",
+    "video_grid_thw",
+    "video_cu_seqlens",
+    "video_sample_ids",
+    "video_source_ids",
+)
 
 
 def _visuals(
     owned: list[tuple[Piece, SampleImages]],
     values: int,
-    pixels: str,
-    kind: str,
-    chosen: Callable[[SampleImages, int], bool],
+    videos: bool,
+    names: tuple[str, str, str, str, str],
 ) -> dict[str, np.ndarray]:
-    """The tensors of the ``chosen`` items of ``owned`` (images, or videos), ``values`` wide."""
+    """The tensors of the images (``videos``: the videos) of ``owned``, ``values`` wide."""
     grids: list[tuple[int, int, int]] = []
     patches: list[np.ndarray] = []
     samples: list[int] = []
     sources: list[int] = []
     for piece, images in owned:
+        if not any(images.videos):  # images only: the piece's patches as they are
+            if not videos:
+                grids += images.grids
+                patches.append(images.patches)
+                samples += [piece.sample_id] * len(images.grids)
+                sources += [piece.source] * len(images.grids)
+            continue
         bounds = np.concatenate(([0], np.cumsum(images.rows))).tolist()
         for k, grid in enumerate(images.grids):
-            if chosen(images, k):
+            if images.videos[k] == videos:
                 grids.append(grid)
-                own = images.patches[bounds[k] : bounds[k + 1]]
-                patches.append(own.reshape(-1, values) if images.is_video(k) else own)
+                patches.append(images.patches[bounds[k] : bounds[k + 1]].reshape(-1, values))
                 samples.append(piece.sample_id)
                 sources.append(piece.source)
     counts = [t * h * w for t, h, w in grids]
+    pixels, thw, cu_seqlens, sample_ids, source_ids = names
     return {
         pixels: np.concatenate(patches) if patches else np.zeros((0, values), np.uint8),
-        f"{kind}_grid_thw": np.array(grids, dtype=np.int64).reshape(-1, 3),
-        f"{'vision' if kind == 'image' else kind}_cu_seqlens": np.concatenate(
-            ([0], np.cumsum(counts))
-        ).astype(np.int32),
-        f"{kind}_sample_ids": np.array(samples, dtype=np.int64),
-        f"{kind}_source_ids": np.array(sources, dtype=np.int64),
+        thw: np.array(grids, dtype=np.int64).reshape(-1, 3),
+        cu_seqlens: np.concatenate(([0], np.cumsum(counts))).astype(np.int32),
+        sample_ids: np.array(samples, dtype=np.int64),
+        source_ids: np.array(sources, dtype=np.int64),
     }

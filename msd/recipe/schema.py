@@ -486,9 +486,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     def bytes_per_visual_token(self) -> int:
         """The most uint8 patch values one placeholder token (of an image or a video) stands for."""
         per_token = self.vision.bytes_per_image_token
-        if self.has_videos:
-            per_token = max(per_token, self.video_rows_per_patch * per_token)
-        return per_token
+        return per_token * self.video_rows_per_patch if self.has_videos else per_token
 
     @property
     def loader_buffer_bytes(self) -> int:

@@ -490,7 +490,7 @@ def payload_samples(msg: Payload, buffers: list[memoryview]) -> list[Sample]:
             if n:
                 own = grids[first[i] : first[i] + n]
                 span = patches[rows[first[i]] : rows[first[i] + n]]
-                videos = tuple(bool(v) for v in msg.videos[first[i] : first[i] + n])
+                videos = tuple(map(bool, msg.videos[first[i] : first[i] + n]))
                 images[i] = SampleImages(
                     span,
                     tuple((t, h, w) for t, h, w in own.tolist()),

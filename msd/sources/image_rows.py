@@ -61,11 +61,11 @@ class ImageRowReader:
         if self.src.format == "webdataset":
             return self._read_tar(rg, rows)
         text = self.reader.read(rg, self.src.column).cast(pa.large_binary())
-        media = [
-            _none(len(text)) if column is None else _as_image_lists(self.reader.read(rg, column))
+        images, videos = (
+            None if column is None else _as_image_lists(self.reader.read(rg, column))
             for column in (self.source.image_column, self.source.video_column)
-        ]
-        table = pa.StructArray.from_arrays([text, *media], fields=list(ROW_TYPE))
+        )
+        table = rows_of(text, images, videos)
         return table if rows is None else table.take(pa.array(rows))
 
     def _tar(self, path: str) -> TarIndex:
@@ -113,13 +113,10 @@ class ImageRowReader:
             texts.append(next(data) if has_text else None)
             images.append([next(data) for _ in range(count)])
             videos.append([next(data) for _ in range(clips_count)])
-        return pa.StructArray.from_arrays(
-            [
-                pa.array(texts, pa.large_binary()),
-                pa.array(images, _BYTES_LIST),
-                pa.array(videos, _BYTES_LIST),
-            ],
-            fields=list(ROW_TYPE),
+        return rows_of(
+            pa.array(texts, pa.large_binary()),
+            pa.array(images, _BYTES_LIST),
+            pa.array(videos, _BYTES_LIST),
         )
 
     def _read_members(self, rg: RowGroup, where: list[tuple[int, int]]) -> list[bytes]:
