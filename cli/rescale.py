@@ -8,8 +8,10 @@ import typer
 
 from msd.control.client import request
 from msd.control.rescales import load_rescales
+from msd.control.runs import is_live
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
+from msd.recipe.schema import Recipe
 from msd.wire.protocol import Rescale, Rescaling
 
 from .common import console, user_errors
@@ -40,13 +42,26 @@ def rescale(
     recipe = folder.recipe()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for g in load_rescales(folder.rescales, recipe):
-            ours = recipe.sources[g.source].name == source and g.number == reply.generation
-            if ours and g.start is not None:
-                console.print(f"{source}: generation {g.number} reads from visit {g.start}")
-                return
+        live = is_live(folder.root)  # asked first: a generation may start as the job ends
+        start = _start(folder, recipe, source, reply.generation)
+        if start is not None:
+            console.print(f"{source}: generation {reply.generation} reads from visit {start}")
+            return
+        if not live:
+            raise LaunchError(
+                f"the job in {job} ended before generation {reply.generation} of {source} read; "
+                "its stream was not changed"
+            )
         time.sleep(0.2)
     raise LaunchError(
         f"generation {reply.generation} of {source} did not start within {timeout_s:.0f} s; "
         f"see {folder.logs}"
     )
+
+
+def _start(folder: JobDir, recipe: Recipe, source: str, generation: int) -> int | None:
+    """The visit generation ``generation`` of ``source`` reads from; None before it reads."""
+    for g in load_rescales(folder.rescales, recipe):
+        if recipe.sources[g.source].name == source and g.number == generation:
+            return g.start
+    return None

@@ -78,11 +78,20 @@ def _run(folder: Path, now: float) -> RunInfo:
         name=folder.name,
         path=folder.resolve(),
         cluster=str(info.get("cluster", "-")) if info is not None else "-",
-        state=job_state(info, lambda pid: launcher_alive(pid, _stamp(folder)), slurm_jobs_live),
+        state=_state_of(folder, info),
         age_s=max(0.0, now - started),
         step=consumed_step(folder),
         started=started,
     )
+
+
+def _state_of(folder: Path, info: Mapping[str, Any] | None) -> str:
+    return job_state(info, lambda pid: launcher_alive(pid, _stamp(folder)), slurm_jobs_live)
+
+
+def is_live(folder: Path) -> bool:
+    """Whether the job in ``folder`` is starting or running (its launcher still alive)."""
+    return _state_of(folder, _read_job(folder / "job.json")) in _LIVE_STATES
 
 
 def consumed_step(folder: Path) -> int | None:

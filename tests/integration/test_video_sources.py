@@ -7,39 +7,54 @@ Checked: every sample and every usable video is delivered exactly once (by id); 
 Qwen2-VL's rule and patching them; its temporal patches follow the sampling rule;
 placeholders are patches / merge²; damaged files (cut mid-stream, garbage, no frames) are left
 out and counted; the stream is byte-identical on a second run with another loader
-count.
+count, after kill -9 of a video loader (restarted, and taken over by its shadow), after ``msd
+rescale`` of a video source, and on a restore onto DP 2 (the same global batches).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
+import signal
 import tarfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from PIL import Image
 
+from msd.jobdir import JobDir
 from msd.recipe.schema import Video, Vision
 from msd.sources import video as videos
 from msd.sources.fuse import video_spec_of
 from msd.synth import SynthSource, synth
 from msd.synth_video import write_video_sources
 from msd.synth_vlm import write_vlm_sources
-from tests.conftest import read_rank_logs
-from tests.integration.test_multimodal import launch
+from tests.conftest import (
+    assert_launch_ok,
+    processes_of_launcher,
+    read_rank_logs,
+    run_msd,
+    start_launch,
+)
+from tests.integration.test_multimodal import digests, global_batches, launch
+from tests.integration.test_recovery import role_pids, wait_for_step
 from tests.videos import decode_all, encode, no_frames, write_tar
 
 IMAGE_TOKEN, VIDEO_TOKEN = 151655, 151656
-SEQ_LEN = 512
+SEQ_LEN = 256
 VIDEO = Video(max_frames=16, min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 SPEC = video_spec_of(VIDEO, Vision())
-TEXT = SynthSource("notes", median_tokens=60, sigma=0.7, max_tokens=480, num_samples=60)
+TEXT = SynthSource("notes", median_tokens=60, sigma=0.7, max_tokens=240, num_samples=120)
 WDS, PARQUET, IMAGES, NOTES = range(4)
+VIDEOS = 20  # per synthetic source
 
 
 def _odd_shard(path: Path) -> None:
@@ -67,7 +82,7 @@ def _odd_shard(path: Path) -> None:
 @pytest.fixture(scope="module")
 def video_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("video")
-    write_video_sources(root, seed=3, videos=10, files_per_source=2)
+    write_video_sources(root, seed=3, videos=VIDEOS, files_per_source=2)
     _odd_shard(root / "video-captions-wds" / "shard-00002.tar")
     write_vlm_sources(root / "img", seed=3, samples=12, files_per_source=1, rows_per_row_group=4)
     synth(root, (TEXT,), seed=3, files_per_source=1, rows_per_row_group=16)
@@ -117,6 +132,7 @@ def recipe(data: Path) -> dict[str, Any]:
                 "weight": 0.2,
             },
         ],
+        "checkpoint": {"every_steps": 3, "keep": 20},
         "trainer": {"command": "demo", "demo": {"step_ms": 50, "save_batches": True}},
     }
     for source in doc["sources"]:
@@ -215,7 +231,7 @@ def test_one_epoch_delivers_every_sample_and_video_once_as_decoded_again_here(
     job, summary = epoch
     got, pieces = delivered_videos(job)
     clips = source_videos(video_data)
-    rows = {WDS: sum(1 for s, _ in clips if s == WDS), PARQUET: 10, IMAGES: 12, NOTES: 60}
+    rows = {WDS: sum(1 for s, _ in clips if s == WDS), PARQUET: VIDEOS, IMAGES: 12, NOTES: 120}
     starts = Counter((s, i) for (s, i, o) in pieces if o == 0)
     assert starts == Counter({(s, i): 1 for s, n in rows.items() for i in range(n)})
     expected = {}
@@ -245,3 +261,88 @@ def test_the_stream_is_the_same_with_more_video_loaders(
     }
     assert digests == reference and len(reference) >= 3 * 4
     assert summary["skipped_images_by_source"] == epoch[1]["skipped_images_by_source"]
+
+
+COUNTS = ("steps", "tokens", "images", "skipped_images", "empty_samples")
+
+
+def _slow(doc: dict[str, Any], step_ms: int = 300) -> dict[str, Any]:
+    """The recipe with steps slow enough for something to happen mid-run, no batches saved."""
+    doc["trainer"]["demo"] = {"step_ms": step_ms}
+    return doc
+
+
+@pytest.mark.parametrize("shadows", [0, 1], ids=["restarted", "shadow"])
+def test_a_killed_video_loader_leaves_the_stream_unchanged(
+    tmp_path: Path, video_data: Path, epoch: tuple[Path, dict], shadows: int
+) -> None:
+    doc = _slow(recipe(video_data))
+    doc["loader"] = {"heartbeat_s": 2}
+    doc["sources"][PARQUET]["shadows"] = shadows
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml", "--json")
+    try:
+        job = wait_for_step(tmp_path, 3, proc)
+        victims = [
+            p
+            for p in role_pids(proc.pid, "loader")
+            if "video-qa" in " ".join(psutil.Process(p).cmdline())
+            and "~shadow" not in " ".join(psutil.Process(p).cmdline())
+        ]
+        assert len(victims) == 1
+        os.kill(victims[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_launch_ok(proc, out, err)
+    recoveries = json.loads((job / "job.json").read_text())["recoveries"]
+    assert [r["how"] for r in recoveries] == ["shadow" if shadows else "restarted"], recoveries
+    assert digests(job) == digests(epoch[0])
+    summary = json.loads(out[out.index("{") :])
+    assert {k: summary[k] for k in COUNTS} == {k: epoch[1][k] for k in COUNTS}
+    assert summary["skipped_images_by_source"] == epoch[1]["skipped_images_by_source"]
+    assert processes_of_launcher(proc.pid) == []
+
+
+def test_rescaling_a_video_source_mid_run_leaves_the_stream_unchanged(
+    tmp_path: Path, video_data: Path, epoch: tuple[Path, dict]
+) -> None:
+    # Slower steps: the new loaders start (a Python process each) while the source has samples.
+    doc = _slow(recipe(video_data), step_ms=600)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml")
+    try:
+        job = wait_for_step(tmp_path, 1, proc)
+        scaled = run_msd(
+            "rescale", str(job), "--source", "video-captions", "--loaders", "2", cwd=tmp_path
+        )
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+    assert_launch_ok(proc, out, err)
+    generations = json.loads(JobDir(job).rescales.read_text())["generations"]
+    assert [(g["source"], g["loaders"]) for g in generations] == [("video-captions", 2)]
+    assert generations[0]["start"] is not None, "the rescale finished after the run"
+    assert digests(job) == digests(epoch[0])
+
+
+def test_a_restore_onto_dp_2_gives_the_same_global_batches(
+    tmp_path: Path, video_data: Path, epoch: tuple[Path, dict]
+) -> None:
+    doc = recipe(video_data)
+    doc["distribute"] = {"dp": 2}
+    doc["trainer"]["demo"]["save_batches"] = False
+    (tmp_path / "dp2.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = run_msd(
+        "restore", str(epoch[0]), "--step", "3", "--recipe", "dp2.yaml", "--json", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    restored = Path(json.loads(result.stdout)["job"])
+    assert sorted(read_rank_logs(restored)) == [0, 1]
+    before, after = global_batches(epoch[0]), global_batches(restored)
+    assert sorted(after) == [s for s in sorted(before) if s >= 3] and len(after) >= 4
+    for step in after:
+        assert after[step] == before[step], step
