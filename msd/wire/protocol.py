@@ -20,7 +20,7 @@ from msd.errors import ProtocolError
 
 # 10: videos (Payload.videos, SourceLoad's video figures); 9: relayed payloads (Payload.to,
 # Welcome.index); 8: compact tokens
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -102,7 +102,8 @@ class Meta(_Msg, frozen=True, tag=int(Kind.META)):
 
     For an image source, ``images[i]`` is how many images sample i holds and ``patches`` the
     patch count of every image, sample after sample (empty for a text source); ``lengths`` are
-    then of the fused sequence, image placeholder tokens included.
+    then of the fused sequence, image placeholder tokens included. ``frames``: each image's or
+    video's temporal patches (the vision encoder attends within each), empty when all are 1.
     """
 
     source: int
@@ -115,6 +116,7 @@ class Meta(_Msg, frozen=True, tag=int(Kind.META)):
     # per image: the piece of its sample it lies in (a sample split into rows is cut at
     # multiples of seq_len, never inside an image); empty when no sample is split
     image_rows: tuple[int, ...] = ()
+    frames: tuple[int, ...] = ()
 
 
 class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
@@ -699,3 +701,10 @@ def _check_meta(msg: Meta) -> None:
         raise ProtocolError(f"a Meta lists {len(msg.image_rows)} image rows")
     if msg.skipped and (len(msg.skipped) != n or min(msg.skipped) < 0):
         raise ProtocolError(f"a Meta of {n} samples lists {len(msg.skipped)} skipped counts")
+    if msg.frames and (
+        len(msg.frames) != len(msg.patches)
+        or any(t < 1 or p % t for t, p in zip(msg.frames, msg.patches, strict=True))
+    ):
+        raise ProtocolError(
+            f"a Meta lists {len(msg.frames)} frame counts that do not divide its patch counts"
+        )

@@ -4,12 +4,15 @@ than the bound."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.hybrid_balance import run
 from msd.plan.hybrid_cost import HybridCost
 
 
-def test_sum_is_between_the_bound_and_the_other_splits():
-    result = run(8, steps=3, model=HybridCost(enc_attn=0.4, enc_lin=40.0), seed=1)
+@pytest.mark.parametrize("mix", ["image", "video"])
+def test_sum_is_between_the_bound_and_the_other_splits(mix: str) -> None:
+    result = run(8, steps=3, model=HybridCost(enc_attn=0.4, enc_lin=40.0), seed=1, mix=mix)
     cost = result["slowest_rank_cost"]
     assert cost["bound"] <= cost["sum"] * (1 + 1e-9)
     assert cost["sum"] <= cost["backbone"] * (1 + 1e-9)

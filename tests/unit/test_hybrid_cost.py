@@ -32,6 +32,16 @@ def test_attention_is_per_image_so_one_large_image_costs_more_than_two_halves():
     assert one[0] == 2 * two[0]
 
 
+def test_a_videos_patches_attend_within_each_temporal_patch():
+    model = HybridCost(enc_attn=1.0, enc_lin=2.0)
+    # 4 temporal patches of 10 × 10: 4 · 100² pair costs, not 400², and 2 · 400 linear
+    video = model.encoder(np.array([400]), np.array([0]), 1, frames=np.array([4]))
+    assert video.tolist() == [4 * 100**2 + 2 * 400]
+    image = model.encoder(np.array([400]), np.array([0]), 1)
+    assert image.tolist() == [400**2 + 2 * 400]
+    assert model.images(np.array([400, 100]), np.array([4, 1])) == video[0] + 100**2 + 200
+
+
 @given(
     st.lists(st.integers(0, 4096), min_size=1, max_size=30),
     st.lists(st.tuples(st.integers(1, 2000), st.integers(0, 29)), max_size=40),

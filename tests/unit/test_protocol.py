@@ -10,6 +10,7 @@ from msd.wire.protocol import (
     Batch,
     Get,
     Hello,
+    Meta,
     Payload,
     Plan,
     Route,
@@ -189,3 +190,20 @@ def test_random_frames_decode_or_are_a_protocol_error(frames):
     except ProtocolError:
         return
     assert isinstance(msg, msgspec.Struct)
+
+
+def test_a_meta_whose_frame_counts_do_not_divide_its_patches_is_refused() -> None:
+    video = Meta(
+        source=0,
+        gpos_start=0,
+        lengths=(9,),
+        sample_ids=(0,),
+        images=(2,),
+        patches=(16, 4),
+        frames=(4, 1),
+    )
+    assert decode(encode(video))[0] == video
+    for frames in ((3, 1), (4,), (0, 1)):
+        bad = msgspec.structs.replace(video, frames=frames)
+        with pytest.raises(ProtocolError, match="frame counts"):
+            decode(encode(bad))

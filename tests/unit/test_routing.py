@@ -35,7 +35,7 @@ class Reference:
 
     def __init__(self, sources: int) -> None:
         self.known: dict[int, dict[int, tuple[int, int, bytes]]] = {i: {} for i in range(sources)}
-        self.images = ImageBook(sources, lambda patches: float(np.sum(patches)), SEQ_LEN)
+        self.images = ImageBook(sources, lambda patches, _: float(np.sum(patches)), SEQ_LEN)
         self.out = Outbox()
         self.reroute: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         self.inflight: dict[int, dict[bytes, dict[tuple[int, int], set[int]]]] = {}
@@ -140,7 +140,7 @@ def reference_plan_message(step: int, entries: list[tuple[int, ...]]) -> Plan:
 
 
 def _routing(sources: int) -> Routing:
-    return Routing(sources, Outbox(), lambda patches: float(np.sum(patches)), SEQ_LEN)
+    return Routing(sources, Outbox(), lambda patches, _: float(np.sum(patches)), SEQ_LEN)
 
 
 def _metas(

@@ -287,6 +287,7 @@ class SourceShard:
         patches: tuple[int, ...] = ()
         skipped: tuple[int, ...] = ()
         image_rows: tuple[int, ...] = ()
+        frames: tuple[int, ...] = ()
         if self.fuser is not None:
             for offset, p in enumerate(pixels):
                 if p is not None:
@@ -302,6 +303,8 @@ class SourceShard:
                 if p is not None
                 for r in self._image_rows(t, p)
             )
+            if any(p is not None and any(p.videos) for p in pixels):
+                frames = tuple(t for p in pixels if p is not None for t, _, _ in p.grids)
         return Meta(
             source=self.source,
             gpos_start=gpos_start,
@@ -311,6 +314,7 @@ class SourceShard:
             patches=patches,
             skipped=skipped,
             image_rows=image_rows,
+            frames=frames,
         )
 
     def _image_rows(self, tokens: np.ndarray, images: SampleImages) -> list[int]:

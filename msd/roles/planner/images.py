@@ -11,6 +11,10 @@ import numpy as np
 
 from msd.wire.protocol import Meta
 
+# The vision encoder's cost of a sample's images and videos: their patch counts, and their
+# temporal patches (None: images only).
+EncoderCost = Callable[[np.ndarray, np.ndarray | None], float]
+
 
 class Images(NamedTuple):
     cost: float  # the vision encoder's, of all the sample's images
@@ -20,8 +24,7 @@ class Images(NamedTuple):
 
 
 class ImageBook:
-    def __init__(self, sources: int, encoder: Callable[[np.ndarray], float], seq_len: int) -> None:
-        """``encoder``: the vision encoder's cost of a sample's images (their patch counts)."""
+    def __init__(self, sources: int, encoder: EncoderCost, seq_len: int) -> None:
         self.by_source: dict[int, dict[int, Images]] = {i: {} for i in range(sources)}
         self.encoder, self.seq_len = encoder, seq_len
 
@@ -32,6 +35,7 @@ class ImageBook:
         book = self.by_source[msg.source]
         patches = np.array(msg.patches, dtype=np.int64)
         rows = np.array(msg.image_rows or [0] * len(patches), dtype=np.int64)
+        frames = np.array(msg.frames, dtype=np.int64) if msg.frames else None
         first = np.cumsum((0, *msg.images)).tolist() if msg.images else []
         for offset in offsets:
             kept = msg.images[offset] if msg.images else 0
@@ -39,7 +43,8 @@ class ImageBook:
             if not (kept or skipped):
                 continue
             own = patches[first[offset] : first[offset + 1]] if kept else patches[:0]
-            cost = self.encoder(own) if kept else 0.0
+            groups = None if frames is None else frames[first[offset] : first[offset + 1]]
+            cost = self.encoder(own, groups) if kept else 0.0
             pieces = np.bincount(rows[first[offset] : first[offset + 1]], own) if kept else own
             book[msg.gpos_start + offset] = Images(cost, kept, skipped, pieces)
 

@@ -18,7 +18,7 @@ from msd.plan.delivery import (
     shared,
 )
 from msd.plan.step import NeedData, PlannerState, StepPlan
-from msd.roles.planner.images import ImageBook
+from msd.roles.planner.images import EncoderCost, ImageBook
 from msd.roles.planner.outbox import Outbox
 from msd.roles.planner.registry import Peer
 from msd.roles.planner.reported import Reported
@@ -84,10 +84,10 @@ class Routing:
         self,
         sources: int,
         out: Outbox,
-        encoder: Callable[[np.ndarray], float],
+        encoder: EncoderCost,
         seq_len: int,
     ) -> None:
-        """``encoder``: the vision encoder's cost of a sample's images (their patch counts)."""
+        """``encoder``: the vision encoder's cost of a sample's images and videos."""
         self.out = out
         self.sources = sources
         self.held = Reported()
