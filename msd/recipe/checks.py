@@ -217,6 +217,7 @@ def check_video(video: Video, vision: Vision, seq_len: int) -> list[Problem]:
         if not (math.isfinite(value) and value > 0):
             problems.append(Problem(f"video.{name}", f"must be a positive number, got {value}"))
     problems += _at_least("video.threads", video.threads, 0, "use 0 (FFmpeg's choice) or more")
+    problems += _at_least("video.max_decode_pixels", video.max_decode_pixels, 1, "use at least 1")
     if problems:
         return problems
     if video.min_frames > video.max_frames:

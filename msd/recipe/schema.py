@@ -167,8 +167,10 @@ class Video(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     of ``temporal_patch_size`` (the last frame repeated to fill); each frame resized within
     ``min_pixels`` .. ``max_pixels``, and the whole video within ``total_pixels`` (None: no cap).
     A video takes ``patches / merge_size²`` tokens ``video_token_id`` at its ``marker``.
-    ``max_duration_s``: a longer video is left out (counted). ``threads``: FFmpeg threads per
-    decode (0: FFmpeg's choice).
+    ``max_duration_s``: a longer video is left out (counted); so is one whose decode would pass
+    through more than ``max_decode_pixels`` pixels (every frame up to its last sampled one, from
+    its header: a bound on a decode's work that does not depend on the machine). ``threads``:
+    FFmpeg threads per decode (0: FFmpeg's choice).
     """
 
     fps: float = 2.0
@@ -179,6 +181,7 @@ class Video(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     max_pixels: int = 768 * 28 * 28
     total_pixels: int | None = None
     max_duration_s: float = 24 * 3600.0
+    max_decode_pixels: int = 1 << 36
     threads: int = 1
     video_token_id: int = 151656
     marker: str = "<video>"

@@ -100,6 +100,7 @@ def video_spec_of(video: Video, vision: Vision) -> VideoSpec:
         max_pixels=video.max_pixels,
         total_pixels=video.total_pixels,
         max_duration_s=video.max_duration_s,
+        max_decode_pixels=video.max_decode_pixels,
         threads=video.threads,
     )
 

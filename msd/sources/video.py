@@ -48,7 +48,9 @@ class VideoSpec:
     ``min_pixels`` / ``max_pixels`` bound one resized frame's area; ``total_pixels`` (None: no
     cap) bounds the whole video's, by capping each frame at ``total_pixels × temporal_patch_size
     / frames`` (never under ``1.05 × min_pixels``). ``max_frame_pixels``, ``max_duration_s`` and
-    ``max_stream_frames`` refuse what a header declares before anything is decoded.
+    ``max_stream_frames`` refuse what a header declares before anything is decoded, as does
+    ``max_decode_pixels``: the pixels the decode would pass through (every frame up to the last
+    sampled one, sampled or not), which bounds a decode's work by the header alone.
     ``threads``: FFmpeg decode threads per video (0: FFmpeg's choice).
     """
 
@@ -64,6 +66,7 @@ class VideoSpec:
     max_frame_pixels: int = 1 << 26
     max_duration_s: float = 24 * 3600.0
     max_stream_frames: int = 10_000_000
+    max_decode_pixels: int = 1 << 36  # about 18 minutes of 1080p at 30 fps
     threads: int = 1
 
     def __post_init__(self) -> None:
@@ -76,6 +79,10 @@ class VideoSpec:
             raise ValueError(
                 "VideoSpec needs min_frames <= max_frames, "
                 f"got {self.min_frames} > {self.max_frames}"
+            )
+        if self.max_decode_pixels < 1:
+            raise ValueError(
+                f"VideoSpec.max_decode_pixels must be at least 1, got {self.max_decode_pixels}"
             )
         if self.threads < 0:
             raise ValueError(f"VideoSpec.threads must be 0 or more, got {self.threads}")
@@ -253,7 +260,17 @@ def _probe(data: bytes, spec: VideoSpec) -> VideoHeader | DecodeFailure:
             return DecodeFailure("no frame rate")
         if frames / fps > spec.max_duration_s:
             return DecodeFailure("too long")
-        return VideoHeader(frames, fps, duration_s, height, width, str(ctx.name))
+        header = VideoHeader(frames, fps, duration_s, height, width, str(ctx.name))
+        if decode_pixels(header, spec) > spec.max_decode_pixels:
+            return DecodeFailure("too costly to decode")
+        return header
+
+
+def decode_pixels(header: VideoHeader, spec: VideoSpec = DEFAULT_SPEC) -> int:
+    """The pixels decoding a video with this header passes through: every frame up to its last
+    sampled one (the codec decodes them all), at the stream's frame size."""
+    last = sample_indices(header.frames, sample_count(header.frames, header.fps, spec))[-1]
+    return (last + 1) * header.height * header.width
 
 
 def _duration_s(stream: object, container: object) -> float:

@@ -17,6 +17,7 @@ from msd.sources.video import (
     VideoHeader,
     VideoSpec,
     decode,
+    decode_pixels,
     patchify_frames,
     plan_video,
     probe,
@@ -226,6 +227,19 @@ def test_absurd_declared_sizes_and_durations_are_refused_before_decoding() -> No
     assert probe(data, VideoSpec(max_stream_frames=10)) == DecodeFailure("too many frames")
 
 
+def test_a_decode_that_would_pass_through_too_many_pixels_is_refused_from_its_header() -> None:
+    data = encode("mp4", 24, 64, 96, 24)  # 1 s: 4 frames sampled, the last is frame 18
+    header = probe(data, SPEC)
+    assert isinstance(header, VideoHeader)
+    assert decode_pixels(header, SPEC) == 19 * 64 * 96
+    tight = VideoSpec(min_pixels=28 * 28, max_pixels=56 * 84, max_decode_pixels=19 * 64 * 96 - 1)
+    for _ in range(2):
+        assert probe(data, tight) == DecodeFailure("too costly to decode")
+        assert decode(data, tight) == DecodeFailure("too costly to decode")
+    enough = VideoSpec(min_pixels=28 * 28, max_pixels=56 * 84, max_decode_pixels=19 * 64 * 96)
+    assert isinstance(decode(data, enough), DecodedVideo)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -233,6 +247,7 @@ def test_absurd_declared_sizes_and_durations_are_refused_before_decoding() -> No
         {"min_frames": 0},
         {"min_frames": 9, "max_frames": 8},
         {"threads": -1},
+        {"max_decode_pixels": 0},
         {"min_pixels": 10},
         {"min_pixels": 4000, "max_pixels": 3000},
     ],

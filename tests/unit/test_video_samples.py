@@ -246,6 +246,7 @@ def test_recipes_check_video_sections_and_sources() -> None:
         (Video(video_token_id=151655), "video.video_token_id"),
         (Video(marker="<image>"), "video.marker"),
         (Video(min_pixels=28 * 28 * 4096), "video.min_pixels"),
+        (Video(max_decode_pixels=0), "video.max_decode_pixels"),
     ):
         found = {p.key for p in check_recipe(msgspec.structs.replace(doc, video=video))}
         assert (key in found) if key else not found, (video, found)
