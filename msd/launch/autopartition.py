@@ -29,9 +29,10 @@ class AutoPlan:
 
 
 def plan_loaders(recipe: Recipe) -> AutoPlan:
-    fusing = fuse_spec(recipe)
+    # an image or video source is profiled as its loaders read it: decoding included
     profiles = tuple(
-        profile_source(s, f"sources[{i}]", fusing=fusing) for i, s in enumerate(recipe.sources)
+        profile_source(s, f"sources[{i}]", fusing=fuse_spec(recipe, s.has_videos))
+        for i, s in enumerate(recipe.sources)
     )
     schedule = schedule_of(recipe)
     lengths = [p.tokens_per_sample for p in profiles]

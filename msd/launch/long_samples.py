@@ -39,8 +39,9 @@ def long_sample_warnings(
         if profile is None and time.monotonic() < deadline:
             left = deadline - time.monotonic()
             try:
+                fusing = fuse_spec(recipe, source.has_videos)
                 profile = profile_source(
-                    source, f"sources[{i}]", max_s=min(1.0, left), fusing=fuse_spec(recipe)
+                    source, f"sources[{i}]", max_s=min(1.0, left), fusing=fusing
                 )
             except MsdError:  # a transform that fails: the loader reports it, with its name
                 continue

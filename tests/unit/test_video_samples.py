@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from msd.errors import ProtocolError
+from msd.launch.autopartition import plan_loaders
 from msd.pack import IGNORE_INDEX, Piece, VideoOutput, pack_rows
 from msd.recipe.checks import check_recipe
 from msd.recipe.schema import Recipe, Source, Video, Vision, stream_fingerprint
@@ -329,3 +330,35 @@ def test_a_parquet_video_column_of_the_wrong_type_is_refused_naming_file_and_key
         Exception, match=r"sources\[0\]\.video_column.*v\.parquet.*not binary, a video struct"
     ):
         open_source(source, "sources[0]")
+
+
+def test_msd_plan_profiles_a_video_source_with_its_videos_decoded(tmp_path: Path) -> None:
+    """``msd plan`` / ``loaders: auto`` measure a video source as its loaders read it: each
+    profiled sample's length holds its videos' placeholders, and the cost their decode."""
+    table = pa.table(
+        {
+            "text": ["<video> one", "two <video>", "three"],
+            "clip": pa.array(
+                [
+                    {"bytes": MP4, "path": "a.mp4"},
+                    {"bytes": WEBM, "path": "b.webm"},
+                    {"bytes": None, "path": "c"},
+                ]
+            ),
+        }
+    )
+    pq.write_table(table, tmp_path / "v.parquet")
+    doc = _recipe(path=str(tmp_path / "*.parquet"), text_column="text", video_column="clip")
+    recipe = msgspec.structs.replace(
+        doc, video=Video(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    )
+    plan = plan_loaders(recipe)
+    (profile,) = plan.profiles
+    placeholders = [
+        videos.plan_video(header, SPEC).patches // 4
+        for header in (videos.probe(MP4, SPEC), videos.probe(WEBM, SPEC))
+        if isinstance(header, videos.VideoHeader)
+    ]
+    assert len(placeholders) == 2 and min(placeholders) > 0
+    texts = [len(" one"), len("two "), len("three")]  # the test transform: one id a byte
+    assert profile.lengths == (texts[0] + placeholders[0], texts[1] + placeholders[1], texts[2])
