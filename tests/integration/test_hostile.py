@@ -28,7 +28,7 @@ from msd.control.client import request
 from msd.errors import LaunchError, ProtocolError
 from msd.jobdir import JobDir
 from msd.wire import transport
-from msd.wire.keys import create_keys
+from msd.wire.keys import JobKeys, create_keys
 from msd.wire.protocol import (
     CutAt,
     Failure,
@@ -318,10 +318,15 @@ def test_garbage_from_a_key_holder_is_dropped_counted_and_changes_nothing(
         sent = 0
         for port in ports["constructor"] + [planner_port]:
             endpoint = f"tcp://127.0.0.1:{port}"
-            dealer = transport.connect(ctx, zmq.DEALER, endpoint, keys=keys)
-            pusher = transport.connect(ctx, zmq.PUSH, endpoint, keys=keys)
             payloads = port != planner_port and _is_payload_port(job, port)
-            handshaken(pusher if payloads else dealer)  # the other kind is refused
+            # the kind the port takes is connected once its handshake succeeded; the other
+            # kind is refused in the handshake
+            dealer = (transport.connect if payloads else handshaken)(
+                ctx, zmq.DEALER, endpoint, keys=keys
+            )
+            pusher = (handshaken if payloads else transport.connect)(
+                ctx, zmq.PUSH, endpoint, keys=keys
+            )
             valid = (
                 to_planner(step)
                 if port == planner_port
@@ -371,23 +376,33 @@ def _is_trainer(proc: psutil.Process) -> bool:
     return False
 
 
-def handshaken(sock: zmq.Socket[Any], timeout_s: float = 30) -> None:
-    """Return once ``sock``'s CURVE handshake with the job succeeded (what it sends is read).
+def handshaken(
+    ctx: zmq.Context[Any], kind: int, endpoint: str, keys: JobKeys, timeout_s: float = 30
+) -> zmq.Socket[Any]:
+    """A socket of ``kind`` connected to ``endpoint`` as the job's CURVE client, returned once
+    its handshake succeeded (what it sends is then read). Its monitor is attached before it
+    connects: a handshake that succeeds at once is not missed.
 
     A PUSH socket meets the ROUTERs and a DEALER the PULL too: ZeroMQ refuses those pairs in
     the handshake, so what goes that way reaches no role, as a peer of the wrong kind finds."""
+    sock = ctx.socket(kind)
+    sock.curve_secretkey = keys.client_secret
+    sock.curve_publickey = keys.client_public
+    sock.curve_serverkey = keys.server_public
     monitor = sock.get_monitor_socket()
+    sock.connect(endpoint)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             if monitor.poll(100) and (
                 recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
             ):
-                return
-        raise AssertionError(f"no CURVE handshake with the job in {timeout_s} s")
+                return sock
     finally:
         sock.disable_monitor()
         monitor.close(linger=0)
+    sock.close(linger=0)
+    raise AssertionError(f"no CURVE handshake with {endpoint} in {timeout_s} s")
 
 
 def wait_for(

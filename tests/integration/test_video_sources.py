@@ -13,16 +13,20 @@ rescale`` of a video source, and on a restore onto DP 2 (the same global batches
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import math
 import os
 import signal
 import tarfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import psutil
 import pyarrow.parquet as pq
@@ -346,3 +350,79 @@ def test_a_restore_onto_dp_2_gives_the_same_global_batches(
     assert sorted(after) == [s for s in sorted(before) if s >= 3] and len(after) >= 4
     for step in after:
         assert after[step] == before[step], step
+
+
+# -- memory: long 1080p videos -----------------------------------------------------------------
+LONG_S, LONG_FPS = 30, 10  # 300 frames of 1920 × 1080: 1.9 GB decoded whole, 6 MB each
+LOADER_RSS_BOUND = 512 << 20
+
+
+def _long_1080p_clip() -> bytes:
+    """30 s of 1080p H.264, a gradient moving sideways (quick to encode, every frame new)."""
+    height, width = 1080, 1920
+    base = np.zeros((height, width, 3), np.uint8)
+    base[..., 0] = np.arange(width, dtype=np.uint32)[None, :] * 255 // width
+    base[..., 1] = np.arange(height, dtype=np.uint32)[:, None] * 255 // height
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=LONG_FPS)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.options = {"preset": "ultrafast", "crf": "30"}
+        stream.codec_context.thread_count = 1
+        for i in range(LONG_S * LONG_FPS):
+            frame = av.VideoFrame.from_ndarray(np.roll(base, 8 * i, axis=1), format="rgb24")
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def test_a_loader_of_long_1080p_videos_stays_under_its_memory_bound(tmp_path: Path) -> None:
+    """A loader decodes each frame into the video's patches as it arrives: never the whole
+    decoded video (1.9 GB each here), so its RSS stays under LOADER_RSS_BOUND."""
+    clip = _long_1080p_clip()
+    (tmp_path / "long").mkdir()
+    members = []
+    for k in range(3):
+        members += [(f"long-{k}.mp4", clip), (f"long-{k}.txt", b"<video> a long clip")]
+    write_tar(tmp_path / "long" / "shard-00000.tar", members)
+    doc = {
+        "name": "long-videos",
+        "seed": 1,
+        "seq_len": 8192,
+        "global_batch_tokens": 8192,
+        "distribute": {"dp": 1},
+        "video": {"max_pixels": 28 * 28 * 256},  # 256 tokens a frame pair: 30 × 256 a video
+        "sources": [
+            {
+                "name": "long",
+                "path": str(tmp_path / "long" / "*.tar"),
+                "format": "webdataset",
+                "text_column": "txt",
+                "video_exts": ["mp4"],
+                "weight": 1.0,
+                "repeat": False,
+            }
+        ],
+        "trainer": {"command": "demo", "demo": {"step_ms": 10}},
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = start_launch(tmp_path, "r.yaml", "--json")
+    peak = 0
+    try:
+        while proc.poll() is None:
+            for pid in role_pids(proc.pid, "loader"):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    peak = max(peak, psutil.Process(pid).memory_info().rss)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_launch_ok(proc, out, err)
+    summary = json.loads(out[out.index("{") :])
+    assert summary["videos_by_source"]["long"]["read"] == 3
+    assert summary["videos_by_source"]["long"]["seconds"] == pytest.approx(3 * LONG_S, rel=0.05)
+    assert summary["steps"] == 3  # one video a step: 7,680 placeholders and its caption
+    assert 0 < peak < LOADER_RSS_BOUND, f"a loader peaked at {peak / 2**20:.0f} MiB"
