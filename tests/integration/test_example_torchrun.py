@@ -131,8 +131,9 @@ def test_torchrun_ranks_read_the_demo_trainers_stream(
 ) -> None:
     launcher, job = attach(tmp_path, small_data)
     try:
-        # First the mistake users make: fewer ranks than the recipe's. msd's one sentence from
-        # every rank, at once, and the job goes on unharmed.
+        # First the mistake users make: fewer ranks than the recipe's. msd's one sentence, at
+        # once, and the job goes on unharmed. (torchrun stops a rank's siblings as soon as it
+        # exits, so a sibling still importing torch may be stopped before it says it too.)
         started = time.monotonic()
         wrong = torchrun(job, tmp_path, ranks=2)
         took_s = time.monotonic() - started
@@ -142,7 +143,7 @@ def test_torchrun_ranks_read_the_demo_trainers_stream(
         raise
     assert wrong.returncode != 0
     sentence = f"error: WORLD_SIZE is 2 but the job's recipe has {RANKS} ranks"
-    assert wrong.stderr.count(sentence) == 2, wrong.stderr
+    assert 1 <= wrong.stderr.count(sentence) <= 2, wrong.stderr
     assert 'torchrun_ddp.py", line' not in wrong.stderr  # no traceback from the example
     assert took_s < 120  # no hang: a rank left waiting would wait for minutes
     assert run.returncode == 0, run.stdout + run.stderr
