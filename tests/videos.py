@@ -37,8 +37,10 @@ def encode(
     fps: Fraction | int = 24,
     pts: list[int] | None = None,
     rotation: int | None = None,
+    gop: int | None = None,
 ) -> bytes:
-    """A video of ``frames`` frames; ``pts`` (in 1/fps units) makes the frame rate variable."""
+    """A video of ``frames`` frames; ``pts`` (in 1/fps units) makes the frame rate variable;
+    ``gop``: a keyframe at least every ``gop`` frames (else the encoder's default)."""
     fmt, codec, pix_fmt = KINDS[kind]
     buf = io.BytesIO()
     with av.open(buf, "w", format=fmt) as container:
@@ -48,6 +50,8 @@ def encode(
             stream.codec_context.time_base = Fraction(1, int(fps))
         if rotation is not None:
             stream.set_display_rotation(rotation)
+        if gop is not None:
+            stream.codec_context.gop_size = gop
         for i in range(frames):
             frame = av.VideoFrame.from_ndarray(frame_pixels(i, height, width), format="rgb24")
             if pts is not None:

@@ -5,7 +5,9 @@ packet index (duration, frame rate, frame count, size) without decoding a frame,
 `plan_video` turns that into the frames to sample and the patch grid, so the Planner can know a
 video's patch count before any pixel is decoded. `decode` then decodes the stream once with
 PyAV, keeps only the sampled frames, resizes each as it arrives and writes it straight into the
-video's patch array: a decoded video is never held whole.
+video's patch array: a decoded video is never held whole. A `Window` (a clip of the video)
+samples only its own frames; when it starts past the first frame the decode seeks to the
+keyframe before it by the container's index and decodes from there.
 
 The conventions are those of Hugging Face's Qwen2-VL video processor: frames sampled uniformly
 at ``fps`` per second of the stream (between ``min_frames`` and ``max_frames``, a multiple of
@@ -25,9 +27,9 @@ from __future__ import annotations
 import io
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -122,6 +124,15 @@ class VideoHeader:
 
 
 @dataclass(frozen=True)
+class Window:
+    """Frames ``first`` up to ``end`` (exclusive) of a stream, in display order: the part of a
+    video one clip samples."""
+
+    first: int
+    end: int
+
+
+@dataclass(frozen=True)
 class VideoPlan:
     """Which stream frames a video samples and the patches they make: ``indices`` (ascending,
     into the stream's decoded frames), ``size`` each frame's resized (height, width), ``grid``
@@ -175,10 +186,16 @@ def sample_indices(total: int, count: int) -> tuple[int, ...]:
     return tuple(int(v) for v in values.astype(np.float32).astype(np.int64))
 
 
-def plan_video(header: VideoHeader, spec: VideoSpec = DEFAULT_SPEC) -> VideoPlan:
-    """The frames and patch grid of a video with this header."""
-    count = sample_count(header.frames, header.fps, spec)
-    indices = sample_indices(header.frames, count)
+def plan_video(
+    header: VideoHeader, spec: VideoSpec = DEFAULT_SPEC, window: Window | None = None
+) -> VideoPlan:
+    """The frames and patch grid of a video with this header (``window``: of that clip of it,
+    sampled as if it were the whole video; None: the whole video)."""
+    first, end = (0, header.frames) if window is None else (window.first, window.end)
+    if not 0 <= first < end <= header.frames:
+        raise ValueError(f"a window of frames {first}..{end} of a video of {header.frames}")
+    count = sample_count(end - first, header.fps, spec)
+    indices = tuple(first + i for i in sample_indices(end - first, count))
     max_pixels = spec.max_pixels
     if spec.total_pixels is not None:
         share = spec.total_pixels * spec.temporal_patch_size // max(count, 1)
@@ -200,18 +217,23 @@ def probe(data: bytes, spec: VideoSpec = DEFAULT_SPEC) -> VideoHeader | DecodeFa
 
 
 def decode(
-    data: bytes, spec: VideoSpec = DEFAULT_SPEC, header: VideoHeader | None = None
+    data: bytes,
+    spec: VideoSpec = DEFAULT_SPEC,
+    header: VideoHeader | None = None,
+    window: Window | None = None,
 ) -> DecodedVideo | DecodeFailure:
-    """The video in ``data`` as patches, sampled as `plan_video` says for its header (``header``:
-    one `probe` already gave), or why not; never raises. A stream that ends before the last
-    sampled frame is damage ("fewer frames than declared"), never a shorter video."""
+    """The video in ``data`` (``window``: that clip of it) as patches, sampled as `plan_video`
+    says for its header (``header``: one `probe` already gave), or why not; never raises. A
+    stream that ends before the last sampled frame is damage ("fewer frames than declared"),
+    never a shorter video."""
     if header is None:
         probed = probe(data, spec)
         if isinstance(probed, DecodeFailure):
             return probed
         header = probed
+    plan = plan_video(header, spec, window)
     known = header
-    return _guarded("decoded", lambda: _decode(data, spec, known))
+    return _guarded("decoded", lambda: _decode(data, spec, known, plan))
 
 
 def patchify_frames(frames: Pixels, spec: VideoSpec = DEFAULT_SPEC) -> Pixels:
@@ -291,30 +313,26 @@ def _fps(stream: object, frames: int, duration_s: float) -> float | None:
     return None
 
 
-def _decode(data: bytes, spec: VideoSpec, header: VideoHeader) -> DecodedVideo | DecodeFailure:
+def _decode(
+    data: bytes, spec: VideoSpec, header: VideoHeader, plan: VideoPlan
+) -> DecodedVideo | DecodeFailure:
     import av
-    from PIL import Image
 
-    plan = plan_video(header, spec)
     (h, w), tps = plan.size, spec.temporal_patch_size
     frames = np.empty((plan.grid[0] * tps, h, w, 3), dtype=np.uint8)
-    wanted = {index: slot for slot, index in enumerate(plan.indices)}
-    last = plan.indices[-1]
-    got = 0
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         stream.codec_context.thread_count = spec.threads
-        for ordinal, frame in enumerate(container.decode(stream)):
-            slot = wanted.get(ordinal)
-            if slot is not None:
-                if (frame.height, frame.width) != (header.height, header.width):
-                    return DecodeFailure("frame size changes mid-stream")
-                still = Image.fromarray(frame.to_ndarray(format="rgb24"))
-                rgb = still.resize((w, h), Image.Resampling.BICUBIC)
-                frames[slot] = np.asarray(rgb, dtype=np.uint8)
-                got += 1
-            if ordinal >= last:
-                break
+        sought = _seek(container, stream, plan) if plan.indices[0] > 0 else None
+        if sought is None:  # from the first frame, counting frames as they come
+            wanted = {index: slot for slot, index in enumerate(plan.indices)}
+            got = _take(enumerate(container.decode(stream)), wanted, plan, header, frames)
+        else:  # from a keyframe before the clip, knowing frames by their timestamps
+            wanted = {sought[index]: slot for slot, index in enumerate(plan.indices)}
+            timed = ((frame.pts, frame) for frame in container.decode(stream))
+            got = _take(timed, wanted, plan, header, frames)
+    if isinstance(got, DecodeFailure):
+        return got
     if got < len(plan.indices):
         return DecodeFailure("fewer frames than declared")
     frames[len(plan.indices) :] = frames[len(plan.indices) - 1]  # repeat the last to fill
@@ -326,6 +344,49 @@ def _decode(data: bytes, spec: VideoSpec, header: VideoHeader) -> DecodedVideo |
         len(plan.indices),
         (header.height, header.width),
     )
+
+
+def _seek(container: Any, stream: Any, plan: VideoPlan) -> list[int] | None:
+    """Seek to the keyframe at or before the plan's first frame; the display timestamps of the
+    stream's frames, in display order, to know frames by (from its packets, not decoded). None,
+    not sought: the stream's packets do not time every frame once, so frames are counted from
+    the first instead."""
+    found = [packet.pts for packet in container.demux(stream) if packet.size]
+    stamps = sorted(pts for pts in found if pts is not None)
+    timed_once = len(stamps) == len(found) == len(set(stamps))
+    if not timed_once or len(stamps) <= plan.indices[-1]:
+        container.seek(0, stream=stream, backward=True, any_frame=False)
+        return None
+    container.seek(stamps[plan.indices[0]], stream=stream, backward=True, any_frame=False)
+    return stamps
+
+
+def _take(
+    frames_in: Iterable[tuple[int | None, Any]],
+    wanted: dict[int, int],
+    plan: VideoPlan,
+    header: VideoHeader,
+    out: Pixels,
+) -> int | DecodeFailure:
+    """Resize each wanted frame of ``frames_in`` ((its ordinal or timestamp, the frame)) into
+    its slot of ``out``, up to the last one wanted; how many were found."""
+    from PIL import Image
+
+    (h, w), last, got = plan.size, max(wanted), 0
+    for at, frame in frames_in:
+        if at is None:
+            continue
+        slot = wanted.get(at)
+        if slot is not None:
+            if (frame.height, frame.width) != (header.height, header.width):
+                return DecodeFailure("frame size changes mid-stream")
+            still = Image.fromarray(frame.to_ndarray(format="rgb24"))
+            rgb = still.resize((w, h), Image.Resampling.BICUBIC)
+            out[slot] = np.asarray(rgb, dtype=np.uint8)
+            got += 1
+        if at >= last:
+            break
+    return got
 
 
 def _rejection(height: int, width: int, spec: VideoSpec) -> DecodeFailure | None:
