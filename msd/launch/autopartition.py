@@ -31,7 +31,7 @@ class AutoPlan:
 def plan_loaders(recipe: Recipe) -> AutoPlan:
     # an image or video source is profiled as its loaders read it: decoding included
     profiles = tuple(
-        profile_source(s, f"sources[{i}]", fusing=fuse_spec(recipe, s.has_videos))
+        profile_source(s, f"sources[{i}]", fusing=fuse_spec(recipe, s.has_videos, s.clip))
         for i, s in enumerate(recipe.sources)
     )
     schedule = schedule_of(recipe)

@@ -39,7 +39,7 @@ def long_sample_warnings(
         if profile is None and time.monotonic() < deadline:
             left = deadline - time.monotonic()
             try:
-                fusing = fuse_spec(recipe, source.has_videos)
+                fusing = fuse_spec(recipe, source.has_videos, source.clip)
                 profile = profile_source(
                     source, f"sources[{i}]", max_s=min(1.0, left), fusing=fusing
                 )

@@ -203,6 +203,22 @@ def _check_videos(key: str, source: Source) -> list[Problem]:
         problems.append(
             Problem(f"{key}.video_exts", f"shares {', '.join(both)} with image_exts; {fix}")
         )
+    return problems + _check_clip(key, source)
+
+
+def _check_clip(key: str, source: Source) -> list[Problem]:
+    """Clips are cut from the videos of a video source, of a positive length and stride."""
+    clip = source.clip
+    if clip is None:
+        return []
+    if not source.has_videos:
+        fix = "set video_column or video_exts, or remove clip"
+        return [Problem(f"{key}.clip", f"cuts videos, and this source has none; {fix}")]
+    problems = []
+    for name, value in (("length_s", clip.length_s), ("stride_s", clip.stride)):
+        if not (math.isfinite(value) and value > 0):
+            fix = "use a positive number of seconds"
+            problems.append(Problem(f"{key}.clip.{name}", f"must be positive, got {value}; {fix}"))
     return problems
 
 

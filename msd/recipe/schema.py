@@ -64,6 +64,20 @@ class PinnedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_
     mtime_ns: int
 
 
+class Clip(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Cut each video into clips of ``length_s`` seconds, one starting every ``stride_s``
+    seconds (None: ``length_s``, back to back), as many as fit whole; each clip is a sample of
+    its own, with the video's text, sampled as a whole video would be. A video no longer than
+    one clip is one sample. Samples holding more than one video are not cut."""
+
+    length_s: float
+    stride_s: float | None = None
+
+    @property
+    def stride(self) -> float:
+        return self.length_s if self.stride_s is None else self.stride_s
+
+
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One data source: files matched by ``path`` (a glob), in one format.
 
@@ -81,6 +95,8 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     video_column, video_exts: a Parquet column of videos (binary, a ``{bytes, path}`` struct, or a
         list of either), or the WebDataset members holding videos (e.g. ``[mp4, webm, mkv, mov,
         gif]``; none by default); each marked in the text by ``video.marker``.
+    clip: cut this source's videos into clips, each a sample (`Clip`); its index then reads
+        each video's header once (cached beside the WebDataset indexes) to count its clips.
     shadows: hot-standby loader processes with the source open; one takes over the work of a
         loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
     endpoint_url: an S3-compatible store's endpoint for an ``s3://`` path (default: the AWS
@@ -103,6 +119,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     image_exts: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     video_column: str | None = None
     video_exts: tuple[str, ...] = ()
+    clip: Clip | None = None
     transform: Transform = Transform()
     repeat: bool = True
     loaders: int | Literal["auto"] = 1
@@ -525,6 +542,7 @@ def stream_fingerprint(recipe: Recipe) -> str:
                     if s.has_videos
                     else {}
                 ),
+                **({"clip": msgspec.to_builtins(s.clip)} if s.clip is not None else {}),
                 **({"group_rows": s.group_rows} if s.group_rows is not None else {}),
                 **(
                     {"format": s.data_format}

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from msd.recipe.schema import Recipe, Video, Vision
+from msd.recipe.schema import Clip, Recipe, Video, Vision
 from msd.sample import FILLER, SampleImages
 from msd.sources import video as videos
+from msd.sources.clips import ClipRule, clip_count, clip_window
 from msd.sources.transforms import Ids, Tokenize
-from msd.sources.video import DecodedVideo, VideoSpec
+from msd.sources.video import DecodedVideo, VideoHeader, VideoSpec, Window
 from msd.sources.vision import DecodedImage, DecodeFailure, ImageGeometry, decode
 
 Visual = DecodedImage | DecodedVideo
@@ -74,6 +75,7 @@ class FuseSpec:
     video: VideoSpec | None = None  # None: the source's rows hold no videos
     video_token_id: int = 0
     video_marker: str = ""
+    clip: ClipRule | None = None  # the source's videos are cut into clips, each a sample
 
 
 def geometry_of(vision: Vision) -> ImageGeometry:
@@ -105,8 +107,9 @@ def video_spec_of(video: Video, vision: Vision) -> VideoSpec:
     )
 
 
-def fuse_spec(recipe: Recipe, with_videos: bool = False) -> FuseSpec:
-    """How this recipe's image samples are made (``with_videos``: a source of videos too)."""
+def fuse_spec(recipe: Recipe, with_videos: bool = False, clip: Clip | None = None) -> FuseSpec:
+    """How this recipe's image samples are made (``with_videos``: a source of videos too;
+    ``clip``: its videos cut into clips, each a sample)."""
     v = recipe.vision
     geometry = geometry_of(v)
     rows = recipe.global_batch_tokens // recipe.seq_len
@@ -126,6 +129,7 @@ def fuse_spec(recipe: Recipe, with_videos: bool = False) -> FuseSpec:
         video=video_spec_of(recipe.video, v),
         video_token_id=recipe.video.video_token_id,
         video_marker=recipe.video.marker,
+        clip=None if clip is None else ClipRule(clip.length_s, clip.stride),
     )
 
 
@@ -157,10 +161,15 @@ class VideoCost:
 
 
 def decode_videos(
-    clips: Sequence[bytes | None], spec: VideoSpec, skips: Skips, cost: VideoCost | None = None
+    clips: Sequence[bytes | None],
+    spec: VideoSpec,
+    skips: Skips,
+    cost: VideoCost | None = None,
+    clip: tuple[ClipRule, int] | None = None,
 ) -> list[DecodedVideo | None]:
     """Each video decoded, or None (counted by reason) when it has no bytes or does not decode;
-    ``cost`` adds up the seconds decoded and the CPU time it took."""
+    ``cost`` adds up the seconds decoded and the CPU time it took. ``clip`` (a rule, and which
+    clip): a sample's only video is decoded as that clip of it."""
     out: list[DecodedVideo | None] = []
     for data in clips:
         if data is None or not len(data):
@@ -169,7 +178,17 @@ def decode_videos(
             continue
         started = time.thread_time()
         header = videos.probe(bytes(data), spec)
-        decoded = header if isinstance(header, DecodeFailure) else videos.decode(data, spec, header)
+        window: Window | None = None
+        decoded: DecodedVideo | DecodeFailure
+        if isinstance(header, DecodeFailure):
+            decoded = header
+        else:
+            cut = None if clip is None or len(clips) != 1 else _window(header, *clip)
+            if isinstance(cut, DecodeFailure):
+                decoded = cut
+            else:
+                window = cut
+                decoded = videos.decode(data, spec, header, window)
         if cost is not None:
             cost.cpu_s += time.thread_time() - started
         if isinstance(decoded, DecodeFailure):
@@ -178,9 +197,18 @@ def decode_videos(
         else:
             assert not isinstance(header, DecodeFailure)
             if cost is not None:
-                cost.seconds += header.frames / header.fps
+                frames = header.frames if window is None else window.end - window.first
+                cost.seconds += frames / header.fps
             out.append(decoded)
     return out
+
+
+def _window(header: VideoHeader, rule: ClipRule, k: int) -> Window | DecodeFailure:
+    """The frames of clip ``k``; a clip the video does not have (its file changed since its
+    clips were counted) is damage."""
+    if k >= clip_count(header, rule):
+        return DecodeFailure("clip past the video's end")
+    return clip_window(header, rule, k)
 
 
 def fuse(
@@ -389,6 +417,7 @@ class Fuser:
         clips: list[list[bytes | None] | None] = (
             rows.field("videos").to_pylist() if with_videos else [None] * len(texts)
         )
+        which: list[int] = rows.field("clip").to_pylist()
         segments: list[list[bytes]] = []
         kinds: list[list[bool] | None] = []
         for text in texts:
@@ -405,7 +434,7 @@ class Fuser:
         kept: list[SampleImages | None] = []
         self.skipped_per_sample = []
         at = 0
-        for row, kind, own, own_clips in zip(segments, kinds, images, clips, strict=True):
+        for row, kind, own, own_clips, k in zip(segments, kinds, images, clips, which, strict=True):
             own, own_clips = own or [], own_clips or []
             self.images_read += len(own)
             self.videos_read += len(own_clips)
@@ -424,8 +453,13 @@ class Fuser:
             decoded_clips: list[DecodedVideo | None] = []
             if own_clips:
                 assert self.spec.video is not None
+                rule = self.spec.clip
                 decoded_clips = decode_videos(
-                    own_clips[:paired_clips], self.spec.video, self.skips, self.video_cost
+                    own_clips[:paired_clips],
+                    self.spec.video,
+                    self.skips,
+                    self.video_cost,
+                    None if rule is None or len(own_clips) != 1 else (rule, k),
                 )
                 decoded_clips += [None] * (len(own_clips) - paired_clips)
             sample, pixels = fuse(

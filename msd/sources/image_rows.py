@@ -1,7 +1,8 @@
 """Image-text (and video-text) sources: their index (WebDataset shards or Parquet with an image
 or video column) and their rows, read as one Arrow struct per sample: ``text`` (binary, null
 when missing), ``images`` and ``videos`` (lists of binary, an element null when its bytes are
-missing).
+missing) and ``clip`` (which clip of its video the sample is, 0 unless the source is cut into
+clips: then a stored row is as many samples as its video has clips, ``msd.sources.clip_index``).
 
 A WebDataset shard is one "row group" of the source's index: its samples in the tar's order,
 found by scanning member headers once (then cached, ``MSD_CACHE_DIR`` or
@@ -29,7 +30,12 @@ from msd.sources.webdataset import OpenShards, TarIndex
 
 _BYTES_LIST = pa.list_(pa.large_binary())
 ROW_TYPE = pa.struct(
-    [("text", pa.large_binary()), ("images", _BYTES_LIST), ("videos", _BYTES_LIST)]
+    [
+        ("text", pa.large_binary()),
+        ("images", _BYTES_LIST),
+        ("videos", _BYTES_LIST),
+        ("clip", pa.int32()),
+    ]
 )
 MAX_CACHED_TARS = 16
 
@@ -41,31 +47,66 @@ class ImageRowReader:
         self.source, self.src, self.reader = source, src, reader
         self._tars: OrderedDict[str, TarIndex] = OrderedDict()
         self._shards = OpenShards()  # remote shards stay open between reads
+        self._clips: dict[tuple[str, int], np.ndarray] = {}
+        if src.clips is not None:
+            for rg, counts in zip(src.row_groups, src.clips, strict=True):
+                self._clips[(rg.file, rg.index)] = np.concatenate(
+                    ([0], np.cumsum(counts, dtype=np.int64))
+                )
 
     def close(self) -> None:
         """Close the remote shards kept open (the reader stays usable)."""
         self._shards.close()
 
     def sizes(self, rg: RowGroup) -> np.ndarray | None:
-        """Bytes of each row of a shard, from its index (None: a Parquet row group, whose sizes
-        are known once read)."""
+        """Bytes of each sample of a shard, from its index (None: a Parquet row group, whose
+        sizes are known once read; a Parquet source cut into clips reads them here, so that
+        its samples are read a few at a time, as a shard's are)."""
+        starts = self._clips.get((rg.file, rg.index))
         if self.src.format != "webdataset":
-            return None
+            if starts is None:
+                return None
+            return np.repeat(row_sizes(self._read_stored(rg, None)), np.diff(starts))
         index = self._tar(rg.file)
-        return np.array(
+        stored = np.array(
             [sum(size for _, size in s.members.values()) for s in index.samples], dtype=np.int64
         )
+        return stored if starts is None else np.repeat(stored, np.diff(starts))
 
     def read(self, rg: RowGroup, rows: np.ndarray | None = None) -> pa.StructArray:
-        """Rows ``rows`` (all when None) of row group ``rg``, in that order."""
-        if self.src.format == "webdataset":
-            return self._read_tar(rg, rows)
-        text = self.reader.read(rg, self.src.column).cast(pa.large_binary())
-        images, videos = (
-            None if column is None else _as_image_lists(self.reader.read(rg, column))
-            for column in (self.source.image_column, self.source.video_column)
+        """Samples ``rows`` (all when None) of row group ``rg``, in that order."""
+        starts = self._clips.get((rg.file, rg.index))
+        if starts is None:
+            return self._read_stored(rg, rows)
+        samples = np.arange(rg.num_rows) if rows is None else np.asarray(rows, dtype=np.int64)
+        stored = np.searchsorted(starts, samples, side="right") - 1
+        # Each stored row read once, however many of its clips are asked for.
+        once, back = np.unique(stored, return_inverse=True)
+        table = self._read_stored(rg, once).take(pa.array(back.reshape(-1)))
+        clip = pa.array((samples - starts[stored]).astype(np.int32))
+        return rows_of(table.field("text"), table.field("images"), table.field("videos"), clip)
+
+    def videos(self, rg: RowGroup) -> list[list[bytes | None]]:
+        """The videos of each stored row of ``rg`` (what counting its clips reads)."""
+        videos: list[list[bytes | None]] = (
+            self._read_stored(rg, None, text=False).field("videos").to_pylist()
         )
-        table = rows_of(text, images, videos)
+        return videos
+
+    def _read_stored(
+        self, rg: RowGroup, rows: np.ndarray | None, text: bool = True
+    ) -> pa.StructArray:
+        """Stored rows ``rows`` (all when None) of ``rg``, in that order (``text``: False, only
+        their videos are read)."""
+        if self.src.format == "webdataset":
+            return self._read_tar(rg, rows, text)
+        n = rg.rows_stored
+        column = self.reader.read(rg, self.src.column) if text else pa.nulls(n)
+        images, videos = (
+            None if c is None else _as_image_lists(self.reader.read(rg, c))
+            for c in (self.source.image_column if text else None, self.source.video_column)
+        )
+        table = rows_of(column.cast(pa.large_binary()), images, videos)
         return table if rows is None else table.take(pa.array(rows))
 
     def _tar(self, path: str) -> TarIndex:
@@ -84,27 +125,27 @@ class ImageRowReader:
         self._tars.move_to_end(path)
         return index
 
-    def _read_tar(self, rg: RowGroup, rows: np.ndarray | None) -> pa.StructArray:
+    def _read_tar(self, rg: RowGroup, rows: np.ndarray | None, text: bool = True) -> pa.StructArray:
         index = self._tar(rg.file)
-        if len(index.samples) != rg.num_rows:
+        if len(index.samples) != rg.rows_stored:
             raise SourceError(
                 f"the WebDataset shard '{rg.file}' holds {len(index.samples):,} samples, not the "
-                f"{rg.num_rows:,} it held when the source was indexed; it was changed after the "
-                "job started: restore it, or start a new job"
+                f"{rg.rows_stored:,} it held when the source was indexed; it was changed after "
+                "the job started: restore it, or start a new job"
             )
         wanted = range(len(index.samples)) if rows is None else rows.tolist()
-        ext = text_ext(self.source)
-        exts = [e.strip(".").lower() for e in self.source.image_exts]
+        ext = text_ext(self.source) if text else None
+        exts = [e.strip(".").lower() for e in self.source.image_exts] if text else []
         video_exts = [e.strip(".").lower() for e in self.source.video_exts]
         where: list[tuple[int, int]] = []  # every member to read, row by row
         layout: list[tuple[bool, int, int]] = []  # of each row: has it a text, images, videos
         for r in wanted:
             members = index.samples[r].members
-            text = members.get(ext)
+            member = None if ext is None else members.get(ext)
             found = [members[e] for e in exts if e in members]
             clips = [members[e] for e in video_exts if e in members]
-            where += ([] if text is None else [text]) + found + clips
-            layout.append((text is not None, len(found), len(clips)))
+            where += ([] if member is None else [member]) + found + clips
+            layout.append((member is not None, len(found), len(clips)))
         data = iter(self._read_members(rg, where))
         texts: list[bytes | None] = []
         images: list[list[bytes]] = []
@@ -145,13 +186,22 @@ def row_sizes(rows: pa.StructArray) -> np.ndarray:
 
 
 def rows_of(
-    text: pa.Array, images: pa.Array | None, videos: pa.Array | None = None
+    text: pa.Array,
+    images: pa.Array | None,
+    videos: pa.Array | None = None,
+    clip: pa.Array | None = None,
 ) -> pa.StructArray:
-    """Rows of `ROW_TYPE` from a ``large_binary`` text column and ``list<large_binary>`` image
-    and video columns (None: no images, or videos, in any row)."""
+    """Rows of `ROW_TYPE` from a ``large_binary`` text column, ``list<large_binary>`` image
+    and video columns (None: no images, or videos, in any row) and an int32 clip column (None:
+    each row its video's first clip, or its videos whole)."""
     n = len(text)
     return pa.StructArray.from_arrays(
-        [text, _none(n) if images is None else images, _none(n) if videos is None else videos],
+        [
+            text,
+            _none(n) if images is None else images,
+            _none(n) if videos is None else videos,
+            pa.array(np.zeros(n, dtype=np.int32)) if clip is None else clip,
+        ],
         fields=list(ROW_TYPE),
     )
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from msd.errors import SourceError
 from msd.recipe.schema import Source
@@ -36,6 +38,13 @@ class RowGroup:
     kind: ColumnKind = "text"  # of the source's column
     store: Store = LOCAL  # where a URL ``file`` is read from
     group_rows: int | None = None  # the source's (Source.group_rows)
+    # Rows the file holds in it, where they differ from its samples (a source cut into clips).
+    stored_rows: int | None = None
+
+    @property
+    def rows_stored(self) -> int:
+        """Rows of the file in this row group (``num_rows`` counts its samples)."""
+        return self.num_rows if self.stored_rows is None else self.stored_rows
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,8 @@ class SourceIndex:
     image_column: str | None = None
     problems: tuple[str, ...] = ()  # what the WebDataset shard indexes found (samples left out)
     video_column: str | None = None
+    # Of a source cut into clips: each row group's clips per stored row (msd.sources.clip_index).
+    clips: tuple[np.ndarray, ...] | None = field(default=None, compare=False)
 
     @property
     def has_images(self) -> bool:
@@ -73,7 +84,18 @@ def source_key(name: str) -> int:
 def open_source(source: Source, key: str) -> SourceIndex:
     """Index ``source`` from its files' metadata (Parquet footers, WebDataset shard headers,
     Megatron ``.idx``; JSONL line indexes, built once and cached); ``key`` is its recipe path,
-    e.g. ``sources[1]``."""
+    e.g. ``sources[1]``. A source cut into clips counts each video's clips from its header
+    (read once, then cached), so that its samples are known before any frame is decoded."""
+    index = _open(source, key)
+    if source.clip is None:
+        return index
+    # Imported here: counting clips reads rows (msd.sources.image_rows reads through this index).
+    from msd.sources.clip_index import clipped
+
+    return clipped(index, source, key)
+
+
+def _open(source: Source, key: str) -> SourceIndex:
     if source.data_format == "webdataset":
         return _open_webdataset(source, key)
     fmt = FORMATS[source.data_format]

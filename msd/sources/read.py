@@ -52,10 +52,10 @@ class RowGroupReader:
                 f"({type(exc).__name__}: {str(exc).strip()[:200]}); check that it was not "
                 "changed or removed after the source was indexed"
             ) from exc
-        if len(array) != rg.num_rows:
+        if len(array) != rg.rows_stored:
             raise SourceError(
                 f"row group {rg.index} of '{rg.file}' holds {len(array):,} rows, not the "
-                f"{rg.num_rows:,} it held when the source was indexed; the file was changed "
+                f"{rg.rows_stored:,} it held when the source was indexed; the file was changed "
                 "after the job started: restore it, or start a new job"
             )
         return array

@@ -28,7 +28,7 @@ from msd.sources.fuse import (
     decode_all,
     fuse,
 )
-from msd.sources.image_rows import ROW_TYPE
+from msd.sources.image_rows import ROW_TYPE, rows_of
 from msd.sources.transforms import text_bytes
 from msd.sources.vision import DecodedImage, ImageGeometry, decode, placeholder_tokens
 
@@ -90,13 +90,10 @@ def _rows(
     images: list[list[bytes | None] | None],
     videos: list[list[bytes | None] | None] | None = None,
 ) -> pa.StructArray:
-    return pa.StructArray.from_arrays(
-        [
-            pa.array(texts, pa.large_binary()),
-            pa.array(images, ROW_TYPE[1].type),
-            pa.array(videos or [[] for _ in texts], ROW_TYPE[2].type),
-        ],
-        fields=list(ROW_TYPE),
+    return rows_of(
+        pa.array(texts, pa.large_binary()),
+        pa.array(images, ROW_TYPE[1].type),
+        pa.array(videos or [[] for _ in texts], ROW_TYPE[2].type),
     )
 
 

@@ -20,6 +20,7 @@ from msd.sources.image_rows import (
     _as_image_lists,
     read_block,
     row_sizes,
+    rows_of,
 )
 from msd.sources.index import RowGroup, SourceIndex, open_source
 from msd.sources.read import RowGroupReader
@@ -217,13 +218,10 @@ def test_row_sizes_are_text_bytes_plus_image_bytes(root: Path) -> None:
 
 
 def test_row_sizes_count_missing_text_images_and_videos_as_nothing() -> None:
-    rows = pa.StructArray.from_arrays(
-        [
-            pa.array([b"abc", None, b"", b"z"], pa.large_binary()),
-            pa.array([[b"12345", None], None, [], [b"1", b"22"]], ROW_TYPE[1].type),
-            pa.array([[b"123"], [None], None, []], ROW_TYPE[2].type),
-        ],
-        fields=list(ROW_TYPE),
+    rows = rows_of(
+        pa.array([b"abc", None, b"", b"z"], pa.large_binary()),
+        pa.array([[b"12345", None], None, [], [b"1", b"22"]], ROW_TYPE[1].type),
+        pa.array([[b"123"], [None], None, []], ROW_TYPE[2].type),
     )
     assert row_sizes(rows).tolist() == [11, 0, 0, 4]
 

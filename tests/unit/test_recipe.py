@@ -41,7 +41,7 @@ sources:
 """
 SOURCE_KEYS = (
     "name, path, weight, format, text_column, token_column, image_column, image_exts, "
-    "video_column, video_exts, transform, repeat, loaders, shadows, endpoint_url, anonymous, "
+    "video_column, video_exts, clip, transform, repeat, loaders, shadows, endpoint_url, anonymous, "
     "group_rows"
 )
 TOP_KEYS = (

@@ -30,7 +30,7 @@ from msd.sources.fuse import (
     FuseSpec,
     video_spec_of,
 )
-from msd.sources.image_rows import ROW_TYPE, ImageRowReader
+from msd.sources.image_rows import ROW_TYPE, ImageRowReader, rows_of
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader
 from msd.sources.vision import ImageGeometry
@@ -56,13 +56,10 @@ def _tokenize(texts: pa.Array) -> list[np.ndarray]:
 
 
 def _rows(texts: list[bytes | None], images: list[list], clips: list[list]) -> pa.StructArray:
-    return pa.StructArray.from_arrays(
-        [
-            pa.array(texts, pa.large_binary()),
-            pa.array(images, ROW_TYPE[1].type),
-            pa.array(clips, ROW_TYPE[2].type),
-        ],
-        fields=list(ROW_TYPE),
+    return rows_of(
+        pa.array(texts, pa.large_binary()),
+        pa.array(images, ROW_TYPE[1].type),
+        pa.array(clips, ROW_TYPE[2].type),
     )
 
 

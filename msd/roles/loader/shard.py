@@ -125,9 +125,8 @@ class SourceShard:
         self.fuser: Fuser | None = None
         if self.src.has_images:
             self.images = ImageRowReader(spec, self.src, reader)
-            self.fuser = Fuser(
-                self.tokenize, fuse_spec(recipe, spec.has_videos), self.src.format == "webdataset"
-            )
+            fusing = fuse_spec(recipe, spec.has_videos, spec.clip)
+            self.fuser = Fuser(self.tokenize, fusing, self.src.format == "webdataset")
         self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index
