@@ -1,16 +1,19 @@
-"""A video source cut into clips, end to end: real encoded files (H.264 in MP4 with a keyframe a
-second, VP9 in WebM), a WebDataset and a Parquet source with ``clip:`` beside text, real role
+"""Video sources cut into clips, and interleaved documents, end to end: real encoded files
+(H.264 in MP4 with a keyframe a second, VP9 in WebM), a WebDataset and a Parquet source with
+``clip:``, Parquet documents holding images and videos at their markers, and text; real role
 processes, DP 2.
 
 Checked: every clip of every video is a sample, delivered once (by id); each clip's
 ``pixel_values_videos`` rows equal decoding the whole video again here, from its first frame,
-and sampling the clip's frames; a video shorter than a clip is one sample, whole; the stream is
-byte-identical with two loaders per video source.
+and sampling the clip's frames; a video shorter than a clip is one sample, whole; a document's
+videos arrive whole (a sample of several videos is not cut) with its images, placeholders in
+the order of its markers; the stream is byte-identical with two loaders per video source.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,7 @@ VIDEO = Video(max_frames=8, min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 6)
 SPEC = video_spec_of(VIDEO, Vision())
 RULE = ClipRule(2.0, 1.5)
 TEXT = SynthSource("notes", median_tokens=60, sigma=0.7, max_tokens=200, num_samples=40)
-WDS, PARQUET = 0, 1
+WDS, PARQUET, DOCS = 0, 1, 2
 # (seconds, fps, kind) of each video: several clips, exactly one, shorter than one.
 SHAPES = [(5.0, 10, "mp4"), (2.0, 8, "webm"), (1.0, 12, "mp4"), (7.5, 8, "webm"), (3.6, 10, "mp4")]
 
@@ -63,8 +66,35 @@ def clip_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int,
     texts = [f"what happens in <video> {i}?" for i in range(len(own[PARQUET]))]
     table = pa.table({"text": texts, "video": pa.array(own[PARQUET], pa.binary())})
     pq.write_table(table, root / "pq" / "part-0.parquet", row_group_size=2)
+    own[DOCS] = [_video(i) for i in (1, 4, 2, 0)]  # two a document
+    _documents(root / "docs", own[DOCS])
     synth(root, (TEXT,), seed=5, files_per_source=1, rows_per_row_group=8)
     return root, own
+
+
+def _png(shade: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (60, 44), (shade, 255 - shade, 90)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _documents(folder: Path, clips: list[bytes]) -> None:
+    """Two interleaved documents: image, video, video, image at their markers."""
+    folder.mkdir()
+    text = "first <image> then <video> and <video> last <image> end"
+    table = pa.table(
+        {
+            "text": [
+                text,
+                text.upper().replace("<IMAGE>", "<image>").replace("<VIDEO>", "<video>"),
+            ],
+            "images": pa.array(
+                [[_png(10), _png(60)], [_png(110), _png(160)]], pa.list_(pa.binary())
+            ),
+            "videos": pa.array([clips[:2], clips[2:]], pa.list_(pa.binary())),
+        }
+    )
+    pq.write_table(table, folder / "part-0.parquet")
 
 
 def recipe(root: Path) -> dict[str, Any]:
@@ -88,10 +118,19 @@ def recipe(root: Path) -> dict[str, Any]:
             "weight": 0.3,
         },
         {
+            "name": "docs",
+            "path": str(root / "docs" / "*.parquet"),
+            "text_column": "text",
+            "image_column": "images",
+            "video_column": "videos",
+            "clip": clip,
+            "weight": 0.1,
+        },
+        {
             "name": "notes",
             "path": str(root / "notes" / "*.parquet"),
             "text_column": "text",
-            "weight": 0.3,
+            "weight": 0.2,
         },
     ]
     return {
@@ -126,7 +165,7 @@ def _digest(patches: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(patches).tobytes()).hexdigest()
 
 
-def expected_clips(own: list[bytes]) -> list[str]:
+def expected_clips(own: list[bytes], rule: ClipRule = RULE) -> list[str]:
     """Each sample's video patches, in sample id order: every frame of each video decoded here,
     each clip's frames sampled, resized and patched."""
     found = []
@@ -134,8 +173,8 @@ def expected_clips(own: list[bytes]) -> list[str]:
         header = videos.probe(data, SPEC)
         assert isinstance(header, videos.VideoHeader)
         frames = decode_all(data)
-        for k in range(clip_count(header, RULE)):
-            plan = videos.plan_video(header, SPEC, clip_window(header, RULE, k))
+        for k in range(clip_count(header, rule)):
+            plan = videos.plan_video(header, SPEC, clip_window(header, rule, k))
             h, w = plan.size
             picked = [
                 np.asarray(Image.fromarray(frames[i]).resize((w, h), Image.Resampling.BICUBIC))
@@ -174,16 +213,35 @@ def test_every_clip_is_a_sample_delivered_once_as_decoded_again_here(
     }
     # 5 s: 3 clips; 2 s: 1, whole; 1 s: 1; 7.5 s: 4; 3.6 s: 2.
     assert sum(1 for s, _ in expected if s == WDS) == 3 + 1 + 1 + 4 + 2 + 3
+    for doc in range(2):  # whole videos: the 5 s one is not cut in a document
+        whole = [
+            expected_clips([data], ClipRule(60.0, 60.0))[0] for data in own[DOCS][2 * doc :][:2]
+        ]
+        expected[(DOCS, doc)] = Counter(whole)
     assert delivered(job) == expected
     starts = Counter(
         (s, i)
         for records in read_rank_logs(job).values()
         for r in records
         for s, i, o in zip(r["source_ids"], r["sample_ids"], r["sample_offsets"], strict=True)
-        if o == 0 and s in (WDS, PARQUET)
+        if o == 0 and s in (WDS, PARQUET, DOCS)
     )
     assert starts == Counter({key: 1 for key in expected})
     assert summary["skipped_images_by_source"] == {}
+    assert document_images(job) == Counter({0: 2, 1: 2})
+
+
+def document_images(job: Path) -> Counter[int]:
+    """Images delivered per document."""
+    found: Counter[int] = Counter()
+    for rank, records in read_rank_logs(job).items():
+        for r in records:
+            batch = np.load(job / "trainer" / f"rank-{rank}" / f"step-{r['step']}.npz")
+            owners = zip(
+                batch["image_source_ids"].tolist(), batch["image_sample_ids"].tolist(), strict=True
+            )
+            found.update(sample for source, sample in owners if source == DOCS)
+    return found
 
 
 def test_the_clips_stream_is_the_same_with_two_loaders_a_source(
