@@ -8,7 +8,9 @@ tests/integration/wire_digests.json, recorded by the release before the compact 
 cases: text from three Parquet sources plus a token-id source with a vocabulary above 65,536
 (samples split across rows, balancing on); a dp 2 × cp 2 × pp 2 job (context-parallel slices,
 pipeline stages' tensor subsets); images from WebDataset and Parquet captions and interleaved
-documents. ``relayed`` runs some of them again on simulated nodes with payloads relayed.
+documents, decoded at full size (``vlm``, recorded again when that became the default) and with
+``vision.decode: fast`` (``vlm-fast``: the bytes ``vlm`` had before). ``relayed`` runs some of
+them again on simulated nodes with payloads relayed.
 """
 
 from __future__ import annotations
@@ -66,10 +68,10 @@ def recipes(root: Path) -> dict[str, dict[str, Any]]:
         "token_column": "ids",
         "weight": 0.3,
     }
-    vlm = root / "vlm"
+    images = root / "vlm"
     trainer = {"command": "demo", "demo": {"step_ms": 0}}
     common = {"seed": 11, "seq_len": SEQ_LEN, "trainer": trainer}
-    return {
+    cases: dict[str, dict[str, Any]] = {
         "text": {
             **common,
             "name": "text",
@@ -98,21 +100,21 @@ def recipes(root: Path) -> dict[str, dict[str, Any]]:
             "sources": [
                 {
                     "name": "captions-wds",
-                    "path": str(vlm / "captions-wds" / "*.tar"),
+                    "path": str(images / "captions-wds" / "*.tar"),
                     "format": "webdataset",
                     "text_column": "txt",
                     "weight": 0.4,
                 },
                 {
                     "name": "captions-parquet",
-                    "path": str(vlm / "captions-parquet" / "*.parquet"),
+                    "path": str(images / "captions-parquet" / "*.parquet"),
                     "text_column": "text",
                     "image_column": "image",
                     "weight": 0.3,
                 },
                 {
                     "name": "interleaved",
-                    "path": str(vlm / "interleaved-parquet" / "*.parquet"),
+                    "path": str(images / "interleaved-parquet" / "*.parquet"),
                     "text_column": "text",
                     "image_column": "images",
                     "weight": 0.3,
@@ -120,6 +122,9 @@ def recipes(root: Path) -> dict[str, dict[str, Any]]:
             ],
         },
     }
+    vlm = cases["vlm"]
+    cases["vlm-fast"] = {**vlm, "name": "vlm-fast", "vision": {**vlm["vision"], "decode": "fast"}}
+    return cases
 
 
 # Cases run again on simulated nodes, payloads relayed along a chain of Constructors (fan-out 1,

@@ -158,7 +158,10 @@ class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     in ``[min_pixels, max_pixels]``, cut into ``patch_size``² patches; each image takes
     ``patches / merge_size²`` tokens ``image_token_id`` at its ``marker`` in the text (without
     markers the images precede the text). ``mean``/``std``: what ``Client(pixels="float")``
-    normalises with (per channel, of values in [0, 1]).
+    normalises with (per channel, of values in [0, 1]). ``decode``: ``exact`` decodes every JPEG
+    at full size before resizing, as Hugging Face's Qwen2-VL processor does; ``fast`` decodes a
+    JPEG at 1/2, 1/4 or 1/8 scale when that still covers the resized size (Pillow's draft mode:
+    less CPU on large photos, slightly different pixels).
     """
 
     patch_size: int = 14
@@ -170,6 +173,7 @@ class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     marker: str = "<image>"
     mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
     std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+    decode: Literal["exact", "fast"] = "exact"
 
     @property
     def bytes_per_image_token(self) -> int:
@@ -554,13 +558,23 @@ def stream_fingerprint(recipe: Recipe) -> str:
         ],
     }
     if recipe.has_images:
-        stream["vision"] = msgspec.to_builtins(recipe.vision)
+        stream["vision"] = _vision_fields(recipe.vision)
         if recipe.balance.max_patches is not None:
             stream["max_patches"] = recipe.balance.max_patches
     if recipe.has_videos:
         stream["video"] = msgspec.to_builtins(recipe.video)
     blob = json.dumps(stream, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _vision_fields(vision: Vision) -> dict[str, object]:
+    """``vision`` as hashed: ``decode`` only when ``fast``, so that a recipe written before the
+    key keeps its hash under the default, and its checkpoints restore (decoding exactly from
+    then on)."""
+    fields: dict[str, object] = msgspec.to_builtins(vision)
+    if vision.decode == "exact":
+        del fields["decode"]
+    return fields
 
 
 def to_json(recipe: Recipe) -> bytes:

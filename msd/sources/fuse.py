@@ -86,6 +86,7 @@ def geometry_of(vision: Vision) -> ImageGeometry:
         min_pixels=vision.min_pixels,
         max_pixels=vision.max_pixels,
         temporal_patch_size=vision.temporal_patch_size,
+        decode=vision.decode,
     )
 
 

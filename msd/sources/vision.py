@@ -1,10 +1,11 @@
 """Decoding images from bytes and cutting them into Qwen2-VL patches, as uint8, without torch.
 
-A Source Loader calls `decode` on each image's bytes: Pillow opens it, it is turned upright and
-RGB, resized to `fit` (Qwen2-VL's "smart resize" rule) with a fixed bicubic filter, and cut into
-patches by `patchify`. The bytes are untrusted: every failure, from an unknown format to a
-decompression bomb, comes back as a `DecodeFailure` value so that the sample is dropped and
-counted, never a crash. The same bytes always give the same pixels.
+A Source Loader calls `decode` on each image's bytes: Pillow opens it (a JPEG at full size, or
+with `decode="fast"` at the smallest 1/2, 1/4 or 1/8 scale that covers the resized size), it is
+turned upright and RGB, resized to `fit` (Qwen2-VL's "smart resize" rule) with a fixed bicubic
+filter, and cut into patches by `patchify`. The bytes are untrusted: every failure, from an
+unknown format to a decompression bomb, comes back as a `DecodeFailure` value so that the
+sample is dropped and counted, never a crash. The same bytes always give the same pixels.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import io
 import logging
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +34,8 @@ _SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})  # EXIF orientations that excha
 _WHITE = (255, 255, 255, 255)
 
 Pixels = npt.NDArray[np.uint8]
+DecodeMode = Literal["exact", "fast"]
+DECODE_MODES: tuple[DecodeMode, ...] = ("exact", "fast")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class ImageGeometry:
     bounds the area a file may declare before anything is decoded (the decompression-bomb guard).
     ``temporal_patch_size`` is 1 for still images: a patch holds one frame. Qwen2-VL's own
     processor uses 2 and repeats the frame, which doubles the bytes; 2 here reproduces that.
+    ``decode``: ``exact`` decodes a JPEG at its full size, as Hugging Face's Qwen2-VL processor
+    does; ``fast`` lets Pillow's JPEG draft mode decode it at 1/2, 1/4 or 1/8 scale when that
+    still covers the resized size (less work on large photos; slightly different pixels).
     """
 
     patch_size: int = 14
@@ -50,11 +57,14 @@ class ImageGeometry:
     max_pixels: int = 14 * 14 * 4 * 1280
     temporal_patch_size: int = 1
     max_source_pixels: int = 1 << 26
+    decode: DecodeMode = "exact"
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if value < 1:
+            if isinstance(value, int) and value < 1:
                 raise ValueError(f"ImageGeometry.{name} must be at least 1, got {value}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"ImageGeometry.decode must be exact or fast, got {self.decode!r}")
         if not self.factor**2 <= self.min_pixels <= self.max_pixels:
             raise ValueError(
                 f"ImageGeometry needs {self.factor}² <= min_pixels <= max_pixels, "
@@ -165,7 +175,9 @@ def _decode(data: bytes, geometry: ImageGeometry) -> DecodedImage | DecodeFailur
         swapped = orientation in _SWAPPING_ORIENTATIONS
         height, width = (stored_w, stored_h) if swapped else (stored_h, stored_w)
         h, w = fit(height, width, geometry)
-        if image.format == "JPEG":  # decode at 1/2, 1/4 or 1/8 scale when that still covers h×w
+        if image.format == "JPEG" and geometry.decode == "fast":
+            # Decode at 1/2, 1/4 or 1/8 scale where that still covers h×w (scaled in the DCT:
+            # not the pixels a full-size decode and resize give).
             image.draft("RGB", (h, w) if swapped else (w, h))
         # Turning upright copies the whole image: only when its EXIF says it is not upright.
         upright = image if orientation in (None, 1) else ImageOps.exif_transpose(image)

@@ -1,6 +1,8 @@
 """Every batch byte as the release before the compact wire delivered it: per rank and step,
 the demo trainer's digests of text (with a vocabulary above 65,536 and split samples),
-context-parallel and pipeline-stage batches, and image batches (tests/wire_digests.py)."""
+context-parallel and pipeline-stage batches, and image batches (tests/wire_digests.py). The
+image batches were recorded again when JPEGs came to be decoded at full size by default; with
+``vision.decode: fast`` they are the earlier bytes (``vlm-fast``)."""
 
 from __future__ import annotations
 
