@@ -12,9 +12,10 @@ image).
 
 1. Baseline, in this process: every image's bytes are read from the same files (tar members by
    ``msd.sources.webdataset.index_tar`` + ``read_member``, Parquet cells with pyarrow) and
-   decoded with ``msd.sources.vision.decode`` (Pillow open, JPEG draft, EXIF, RGB, bicubic
-   resize, patchify). CPU seconds are ``time.process_time()`` (every thread of the process);
-   the read and the decode are timed apart. Also a per-stage profile of the same images
+   decoded with ``msd.sources.vision.decode`` (Pillow open, a JPEG at full size as
+   ``vision.decode: exact`` has it, EXIF, RGB, bicubic resize, patchify). CPU seconds are
+   ``time.process_time()`` (every thread of the process); the read and the decode are timed
+   apart. Also a per-stage profile of the same images
    (open + pixel decode, upright + RGB, resize, patchify), to show where the time goes.
 2. msd, one epoch: the three image sources only (``repeat: false``, ``loaders: 1`` each), DP 2,
    the demo trainer at ``step_ms`` 1 so the loaders are the bottleneck. Images handled are the
@@ -37,6 +38,11 @@ image).
    one into the other). Reported: data-wait p50 / p99 over every rank's steps after the first
    ``--warmup`` (from ``JOB/trainer/rank-R.jsonl``'s ``wait_ms``; the summary's p99 covers
    start-up), and the summary's whole-run figures beside them.
+4. ``vision.decode: exact`` against ``fast`` (``benchmarks.decode_modes``): images per CPU-second
+   of ``decode`` in each mode, taking turns image by image, on the demo sources' images and on
+   one detailed JPEG of each of 640×480, 1920×1080, 4032×3024 and 6000×4000 (resized by the
+   benchmark's ``max_pixels`` and by 256 tokens' 200,704), with the mean |difference| of their
+   pixels.
 
 Targets (the issue's): msd's images per loader CPU-second ≥ 70 % of the baseline's; data-wait
 p99 < 5 ms at steady state.
@@ -63,6 +69,7 @@ import numpy as np
 import psutil
 import pyarrow.parquet as pq
 
+from benchmarks import decode_modes
 from benchmarks.quickstart import machine
 from msd.sources.vision import (
     FORMATS,
@@ -233,7 +240,7 @@ def stage_profile(root: Path, geometry: ImageGeometry) -> dict[str, float]:
             if swapped:
                 width, height = height, width
             h, w = fit(height, width, geometry)
-            if image.format == "JPEG":
+            if image.format == "JPEG" and geometry.decode == "fast":
                 image.draft("RGB", (h, w) if swapped else (w, h))
             image.load()
             t1 = time.process_time()
@@ -523,6 +530,12 @@ def main() -> None:
         sources = make_data(data, args.samples)
         base = baseline(data, geometry)
         stages = stage_profile(data, geometry)
+        modes = {
+            "demo": decode_modes.on_images(list(image_bytes(data)), geometry),
+            "sizes": decode_modes.on_sizes(
+                [geometry, ImageGeometry(max_pixels=decode_modes.SMALL_MAX_PIXELS)]
+            ),
+        }
         epoch = msd_throughput(workdir / "epoch", data, args.max_pixels)
         costs = epoch.pop("costs")
         step_ms = pace_step_ms(args.pace * epoch["step_ms"], costs, ROWS_PER_RANK, SEQ_LEN)
@@ -572,6 +585,7 @@ def main() -> None:
         "baseline": {**base, "stages_cpu_s": stages},
         "msd": epoch,
         "steady": steady,
+        "modes": modes,
         "targets": {
             "ratio": TARGET_RATIO,
             "ratio_met": epoch["ratio_to_baseline"] >= TARGET_RATIO,
@@ -614,6 +628,7 @@ def print_table(r: dict[str, Any]) -> None:
         f"wait after step {s['warmup_steps']}: p50 {w['p50_ms']} ms, p99 {w['p99_ms']} ms "
         f"(n={w['n']}); whole run p50 {s['summary_wait_p50_ms']} p99 {s['summary_wait_p99_ms']}"
     )
+    decode_modes.print_table(r["modes"], r["settings"]["max_pixels"])
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@ of the three sources is read from the files and decoded once; no job is launched
 
 from __future__ import annotations
 
+import io
 import math
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
+from benchmarks import decode_modes
 from benchmarks.decode import (
     STAGES,
     baseline,
@@ -30,7 +33,7 @@ from benchmarks.decode import (
 )
 from msd.recipe.checks import check_recipe
 from msd.recipe.load import recipe_from_data
-from msd.sources.vision import ImageGeometry
+from msd.sources.vision import ImageGeometry, fit
 
 GEOMETRY = ImageGeometry(max_pixels=14 * 14 * 4 * 64)  # small images: a fast test
 
@@ -127,3 +130,38 @@ def test_the_stage_profile_covers_every_stage(tiny: tuple[Path, dict]):
     spent = stage_profile(tiny[0], GEOMETRY)
     assert list(spent) == list(STAGES)
     assert all(v >= 0 for v in spent.values()) and sum(spent.values()) > 0
+
+
+def test_the_modes_differ_on_exactly_the_jpegs_fast_decodes_reduced(tiny: tuple[Path, dict]):
+    blobs = list(image_bytes(tiny[0]))
+    result = decode_modes.on_images(blobs, GEOMETRY)
+    assert result["decodes"] == len([b for b in blobs if b])
+    assert all(result["images_per_cpu_s"][m] > 0 for m in decode_modes.MODES)
+    assert result["jpegs"] >= result["jpegs_decoded_reduced_by_fast"] > 0
+    assert result["decodes_with_other_pixels"] == result["jpegs_decoded_reduced_by_fast"]
+    assert result["mean_abs_difference"] > 0
+
+
+@pytest.mark.parametrize(("height", "width"), [(300, 400), (900, 1200), (1500, 700)])
+def test_draft_scale_is_the_scale_pillow_decodes_at(height: int, width: int):
+    data = decode_modes.photo(height, width)
+    h, w = fit(height, width, GEOMETRY)
+    scale = decode_modes.draft_scale(height, width, GEOMETRY)
+    with Image.open(io.BytesIO(data)) as image:
+        image.draft("RGB", (w, h))
+        assert image.size == (-(-width // scale), -(-height // scale))
+
+
+def test_sizes_are_decoded_in_both_modes_under_each_geometry(capsys: pytest.CaptureFixture[str]):
+    geometries = [GEOMETRY, ImageGeometry(max_pixels=14 * 14 * 4 * 1024)]
+    rows = decode_modes.on_sizes(geometries, sizes=[(600, 800)], min_cpu_s=0.0)
+    assert [r["max_pixels"] for r in rows] == [g.max_pixels for g in geometries]
+    reduced, full = rows
+    assert reduced["draft_scale"] == 2 and full["draft_scale"] == 1
+    assert reduced["decodes"] == full["decodes"] == 1
+    assert reduced["mean_abs_difference"] > 0 and reduced["decodes_with_other_pixels"] == 1
+    assert full["mean_abs_difference"] == 0 and full["decodes_with_other_pixels"] == 0
+    demo = decode_modes.on_images([decode_modes.photo(60, 80)], GEOMETRY)
+    decode_modes.print_table({"demo": demo, "sizes": rows}, GEOMETRY.max_pixels)
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 2 + 1 + len(rows) and "| 800×600 JPEG → " in table[3]
