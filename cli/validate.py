@@ -13,6 +13,7 @@ from msd.control.shortlist import SHOWN, shortlist
 from msd.launch.check import SourceSummary, check_sources
 from msd.launch.long_samples import long_sample_warnings
 from msd.recipe.advice import count_processes, too_many_loaders
+from msd.recipe.hints import missing_eos
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
 from msd.sources.profile import SourceProfile
@@ -69,6 +70,8 @@ def validate(
             err_console.print(line, highlight=False, soft_wrap=True)
     warn_if_many_loaders(count_processes(parsed, os.cpu_count() or 1), parsed.cluster)
     warn_long_samples(parsed)
+    for warning in missing_eos(parsed):
+        err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
 
 def _heaviest_first(summary: SourceSummary) -> tuple[float, str]:

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from msd.sources.index import source_key
 
 MIN_TOKENS = 16
+END_OF_TEXT = "<|endoftext|>"  # the demo tokenizer's end-of-document token
 
 # 26 letters and 5 spaces: words average ~6 letters.
 _ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz     ", dtype=np.uint8)
@@ -143,7 +144,8 @@ def train_tokenizer(
     """Train a small BPE ``tokenizer.json`` on the first ``rows`` rows of each demo source.
 
     It gives the demo a tokenizer with a realistic cost per token (the ``bytes`` transform is
-    nearly free), for ``transform: {kind: tokenizer, path: .../tokenizer.json}``.
+    nearly free), for ``transform: {kind: tokenizer, path: .../tokenizer.json}``; its last id is
+    `END_OF_TEXT`, for ``eos``.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -154,6 +156,8 @@ def train_tokenizer(
         vocab_size=vocab_size, special_tokens=["[UNK]"], show_progress=False
     )
     tokenizer.train_from_iterator(texts, trainer)
+    # After training, so every learned token keeps its id: the end-of-document token (eos).
+    tokenizer.add_special_tokens([END_OF_TEXT])
     path = Path(out_dir) / "tokenizer.json"
     tokenizer.save(str(path))
     return path

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import json
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -22,11 +22,16 @@ class Transform(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     kind: ``bytes`` (UTF-8 bytes are the token ids), ``tokenizer`` (a HuggingFace
     ``tokenizer.json`` at ``path``) or ``function`` (``module:function`` mapping one cell to a
     sequence of ints).
+    bos, eos: a token put before (after) every document, before packing and splitting, so the
+    Planner counts it: an id, or (``tokenizer``) the name of one of the tokenizer's tokens,
+    e.g. ``"<|endoftext|>"``. A null or empty cell stays empty: no document.
     """
 
     kind: Literal["bytes", "tokenizer", "function"] = "bytes"
     path: str | None = None
     function: str | None = None
+    bos: int | str | None = None
+    eos: int | str | None = None
 
 
 Format = Literal["parquet", "webdataset", "jsonl", "arrow", "megatron"]
@@ -518,6 +523,13 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return self.loader.buffer_bytes or self.global_batch_tokens * per_token
 
 
+def _transform_key(transform: Transform) -> dict[str, Any]:
+    """What a transform adds to the fingerprint: ``bos``/``eos`` only where set, so recipes
+    without them keep their hash."""
+    key: dict[str, Any] = msgspec.to_builtins(transform)
+    return {k: v for k, v in key.items() if v is not None or k not in ("bos", "eos")}
+
+
 def stream_fingerprint(recipe: Recipe) -> str:
     """Hash of everything that decides the sample stream (not loader counts, not placement)."""
     stream = {
@@ -532,7 +544,7 @@ def stream_fingerprint(recipe: Recipe) -> str:
                 "weight": s.weight,
                 "text_column": s.text_column,
                 "token_column": s.token_column,
-                "transform": msgspec.to_builtins(s.transform),
+                "transform": _transform_key(s.transform),
                 "repeat": s.repeat,
                 # Image fields only where a source has images, the format where it is not
                 # Parquet: Parquet text recipes keep their hash.

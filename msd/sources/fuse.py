@@ -32,11 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from msd.recipe.schema import Clip, Recipe, Video, Vision
+from msd.recipe.schema import Clip, Recipe, Transform, Video, Vision
 from msd.sample import FILLER, SampleImages
 from msd.sources import video as videos
 from msd.sources.clips import ClipRule, clip_count, clip_window
-from msd.sources.transforms import Ids, Tokenize
+from msd.sources.formats.base import ColumnKind
+from msd.sources.transforms import Ids, Tokenize, boundaries, make_transform
 from msd.sources.video import DecodedVideo, VideoHeader, VideoSpec, Window
 from msd.sources.vision import DecodedImage, DecodeFailure, ImageGeometry, decode
 
@@ -219,13 +220,18 @@ def fuse(
     skips: Skips,
     clips: Sequence[DecodedVideo | None] = (),
     kinds: Sequence[bool] | None = None,
+    frame: tuple[int | None, int | None] = (None, None),
 ) -> tuple[Ids, SampleImages | None]:
     """The fused ids of a sample whose text tokenized to ``segments`` (one more than markers,
     or one: no markers), its images and videos (None: not decoded; ``kinds``: which markers
-    are video markers, None: none are), and the images and videos kept."""
+    are video markers, None: none are), and the images and videos kept. ``frame``: the
+    document's bos and eos, put around it (None: none) unless it holds nothing."""
     order, head = _pair(segments, images, skips, clips, kinds)
-    parts: list[Ids] = [] if head is None else [head]
-    length = 0 if head is None else len(head)
+    bos, eos = frame
+    parts: list[Ids] = [] if bos is None else [np.array([bos], dtype=np.int32)]
+    if head is not None:
+        parts.append(head)
+    length = sum(len(p) for p in parts)
     kept: list[Visual] = []
     full = False  # no later image fits
     piece_patches: dict[int, int] = {}  # piece → its images' patches so far
@@ -249,6 +255,10 @@ def fuse(
         if text is not None:
             parts.append(text)
             length += len(text)
+    if not kept and not any(len(p) for p in parts[bos is not None :]):
+        return np.zeros(0, dtype=np.int32), None  # nothing: no document to frame
+    if eos is not None:
+        parts.append(np.array([eos], dtype=np.int32))
     ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
     ids = ids.astype(np.int32, copy=False)
     if not kept:
@@ -387,10 +397,27 @@ class Fuser:
     """Turns rows of an image source (``msd.sources.image_rows.ROW_TYPE``) into samples; counts
     what it leaves out in ``skips``. ``require_text``: a row without text is left out whole
     (a WebDataset key without its text member), else it is the images alone. A row's videos
-    are read only when ``spec.video`` is set (a source of videos)."""
+    are read only when ``spec.video`` is set (a source of videos). ``tokenize`` tokenizes the
+    text between markers; ``frame``, the bos and eos put around each sample (`of_source`)."""
 
-    def __init__(self, tokenize: Tokenize, spec: FuseSpec, require_text: bool) -> None:
+    @classmethod
+    def of_source(
+        cls, transform: Transform, column_kind: ColumnKind, spec: FuseSpec, require_text: bool
+    ) -> Fuser:
+        """The Fuser of a source with ``transform``: its text pieces tokenized without bos and
+        eos, which go around each whole sample."""
+        pieces = make_transform(transform, column_kind, documents=False)
+        return cls(pieces, spec, require_text, boundaries(transform))
+
+    def __init__(
+        self,
+        tokenize: Tokenize,
+        spec: FuseSpec,
+        require_text: bool,
+        frame: tuple[int | None, int | None] = (None, None),
+    ) -> None:
         self.tokenize, self.spec, self.require_text = tokenize, spec, require_text
+        self.frame = frame  # each sample's bos and eos
         self.skips: Skips = Counter()
         self.images_read = 0
         self.videos_read = 0
@@ -464,7 +491,13 @@ class Fuser:
                 )
                 decoded_clips += [None] * (len(own_clips) - paired_clips)
             sample, pixels = fuse(
-                tokens[at : at + len(row)], decoded, self.spec, self.skips, decoded_clips, kind
+                tokens[at : at + len(row)],
+                decoded,
+                self.spec,
+                self.skips,
+                decoded_clips,
+                kind,
+                self.frame,
             )
             at += len(row)
             ids.append(sample)

@@ -53,7 +53,8 @@ def profile_source(
     reader = RowGroupReader()
     if index.has_images:
         images = ImageRowReader(spec, index, reader)
-        fuser = Fuser(tokenize, fusing or FuseSpec(ImageGeometry(), 0, "<image>", 1 << 30), False)
+        fusing = fusing or FuseSpec(ImageGeometry(), 0, "<image>", 1 << 30)
+        fuser = Fuser.of_source(spec.transform, index.column_kind, fusing, False)
 
         def read(rg: RowGroup) -> pa.Array:
             return images.read(rg)

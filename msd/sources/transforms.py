@@ -10,16 +10,22 @@ Kinds (see `msd.recipe.schema.Transform`):
 - ``bytes`` on a text column: the UTF-8 bytes are the ids, taken straight from the Arrow
   buffers without decoding any row in Python.
 - ``bytes`` on a token column: the stored lists are the ids (must fit in int32).
-- ``tokenizer``: a HuggingFace ``tokenizer.json``; no special tokens are added, so the
-  constructors decide about separators.
+- ``tokenizer``: a HuggingFace ``tokenizer.json``; its own special tokens are not added (no
+  template is applied): ``bos``/``eos`` say what goes around each document.
 - ``function``: ``package.module:function`` called per cell with a ``str`` (text column) or
   ``list[int]`` (token column), returning a sequence of ints.
+
+With ``bos``/``eos`` (`msd.recipe.schema.Transform`), `make_transform` puts them around each
+row that holds tokens (a row is a document); the pieces of text between an image source's
+markers are tokenized without them (``documents=False``), and the sample gets them whole
+(`boundaries`).
 
 Every problem a user can fix is raised as `SourceError` when the transform is made.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 from collections.abc import Callable
@@ -42,8 +48,24 @@ _EMPTY: Ids = np.empty(0, dtype=np.int32)
 _EMPTY.setflags(write=False)  # shared by every empty row
 
 
-def make_transform(transform: Transform, column_kind: Literal["text", "tokens"]) -> Tokenize:
-    """The `Tokenize` for ``transform`` applied to a column of ``column_kind``."""
+def make_transform(
+    transform: Transform, column_kind: Literal["text", "tokens"], documents: bool = True
+) -> Tokenize:
+    """The `Tokenize` for ``transform`` applied to a column of ``column_kind``: each row a
+    document with its ``bos``/``eos`` (``documents``), or a piece of one, without them."""
+    tokenize = _plain(transform, column_kind)
+    bos, eos = boundaries(transform) if documents else (None, None)
+    if bos is None and eos is None:
+        return tokenize
+    return _framed(tokenize, bos, eos)
+
+
+def boundaries(transform: Transform) -> tuple[int | None, int | None]:
+    """The ids of ``transform``'s ``bos`` and ``eos`` (None where unset)."""
+    return _token_id(transform, "bos"), _token_id(transform, "eos")
+
+
+def _plain(transform: Transform, column_kind: Literal["text", "tokens"]) -> Tokenize:
     if transform.kind == "bytes":
         return text_bytes if column_kind == "text" else token_lists
     if transform.kind == "tokenizer":
@@ -58,6 +80,41 @@ def make_transform(transform: Transform, column_kind: Literal["text", "tokens"])
     raise SourceError(
         f"unknown transform kind {transform.kind!r}; use bytes, tokenizer or function"
     )
+
+
+def _framed(tokenize: Tokenize, bos: int | None, eos: int | None) -> Tokenize:
+    """``tokenize`` with ``bos`` before and ``eos`` after each row that holds tokens."""
+    head = np.array([] if bos is None else [bos], dtype=np.int32)
+    tail = np.array([] if eos is None else [eos], dtype=np.int32)
+
+    def framed(array: pa.Array) -> list[Ids]:
+        return [np.concatenate((head, ids, tail)) if len(ids) else ids for ids in tokenize(array)]
+
+    return framed
+
+
+def _token_id(transform: Transform, which: Literal["bos", "eos"]) -> int | None:
+    """The id ``transform.bos`` (or ``eos``) names: an id as it is, a name looked up in the
+    transform's tokenizer."""
+    value = getattr(transform, which)
+    if value is None:
+        return None
+    if isinstance(value, int):
+        if not 0 <= value <= _INT32.max:
+            raise SourceError(f"transform.{which} {value} is not a token id (0 .. 2**31 - 1)")
+        return value
+    if transform.kind != "tokenizer":
+        raise SourceError(
+            f"transform.{which} {value!r} names a token, which only a tokenizer transform has; "
+            "give an id instead"
+        )
+    found = _load_tokenizer(transform.path).token_to_id(value)
+    if found is None:
+        raise SourceError(
+            f"transform.{which}: the tokenizer '{transform.path}' has no token {value!r}; name "
+            "one of its special tokens (its tokenizer.json's added_tokens) or give an id"
+        )
+    return int(found)
 
 
 def text_bytes(array: pa.Array) -> list[Ids]:
@@ -148,18 +205,24 @@ def _text_cells(array: pa.Array) -> list[str | None]:
     return list(array.to_pylist())
 
 
-def _tokenizer(path: str | None) -> Tokenize:
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str | None) -> Any:
+    """The ``tokenizers.Tokenizer`` of ``path`` (loaded once a process)."""
     if not path:
         raise SourceError("transform kind 'tokenizer' needs a path to a tokenizer.json")
     from tokenizers import Tokenizer  # imported lazily: only tokenizer sources pay for it
 
     try:
-        tokenizer = Tokenizer.from_file(path)
+        return Tokenizer.from_file(path)
     except Exception as exc:  # the Rust side raises a bare Exception
         raise SourceError(
             f"cannot load tokenizer '{path}' ({exc}); point transform.path at a "
             "HuggingFace tokenizer.json"
         ) from exc
+
+
+def _tokenizer(path: str | None) -> Tokenize:
+    tokenizer = _load_tokenizer(path)
 
     def tokenize(array: pa.Array) -> list[Ids]:
         encodings = tokenizer.encode_batch(_strings(array), add_special_tokens=False)

@@ -143,7 +143,7 @@ def test_unknown_keys_at_every_level_are_reported_together(tmp_path: Path) -> No
         f"{path}:6: distribute.ep: unknown key; "
         "use one of dp, pp, cp, tp, order, pad_to, or remove it",
         f"{path}:12: sources[0].transform.pth: unknown key (did you mean path?); "
-        "use one of kind, path, function, or remove it",
+        "use one of kind, path, function, bos, eos, or remove it",
         f"{path}:16: sources[1].wieght: unknown key (did you mean weight?); "
         f"use one of {SOURCE_KEYS}, or remove it",
     ]

@@ -126,7 +126,8 @@ class SourceShard:
         if self.src.has_images:
             self.images = ImageRowReader(spec, self.src, reader)
             fusing = fuse_spec(recipe, spec.has_videos, spec.clip)
-            self.fuser = Fuser(self.tokenize, fusing, self.src.format == "webdataset")
+            require_text = self.src.format == "webdataset"
+            self.fuser = Fuser.of_source(spec.transform, self.src.column_kind, fusing, require_text)
         self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index
