@@ -218,8 +218,9 @@ def test_positions_of_packed_samples_are_get_rope_index_of_each_alone(
 ) -> None:
     batch, made = packed_batch(np.random.default_rng(0), SAMPLES, seq_len=64)
     assert len(batch["input_ids"]) > 1 and len(made) > len(batch["input_ids"])  # rows of several
+    placed = example.placed_in(batch, VISION)
     mrope = example.mrope_position_ids(
-        batch["input_ids"], batch["cu_seqlens"], batch["image_grid_thw"], IMAGE_TOKEN, 2
+        batch["input_ids"], batch["cu_seqlens"], placed, VISION.merge_size
     ).flatten(1)
     in_sample = torch.zeros(mrope.shape[1], dtype=torch.bool)
     for start, ids, grids in made:
@@ -238,7 +239,8 @@ def test_adjacent_images_are_numbered_as_two_images(example: ModuleType, model: 
     the reference hands it the second image as its other visual kind (a video of one frame,
     numbered by the same rule), which keeps the two groups apart."""
     ids, grids = sample_tokens(np.random.default_rng(1), [(1, 4, 2), (1, 2, 6), 5])
-    mine = example.sample_mrope_positions(torch.from_numpy(ids), grids, IMAGE_TOKEN, 2)
+    placed = [example.Placed("image", IMAGE_TOKEN, [list(g) for g in grids], [1, 1])]
+    mine = example.sample_mrope_positions(torch.from_numpy(ids), placed, 2)
     kinds = torch.ones(1, len(ids), dtype=torch.int32)
     kinds[0, 2:5] = 2  # the second image's 3 placeholders, after the first's 2
     reference, _ = model.model.get_rope_index(
@@ -258,11 +260,15 @@ def test_adjacent_images_are_numbered_as_two_images(example: ModuleType, model: 
 def test_placeholders_that_match_no_images_are_refused(example: ModuleType) -> None:
     ids = torch.tensor([[1, IMAGE_TOKEN, IMAGE_TOKEN, 2, IMAGE_TOKEN, 3]])
     cu_seqlens = torch.tensor([0, 3, 6], dtype=torch.int32)
+
+    def images(*grids: list[int]) -> list[Any]:
+        return [example.Placed("image", IMAGE_TOKEN, list(grids), [1] * len(grids))]
+
     with pytest.raises(ValueError, match="match no whole images"):
-        example.mrope_position_ids(ids, cu_seqlens, torch.tensor([[1, 2, 4]]), IMAGE_TOKEN, 2)
+        example.mrope_position_ids(ids, cu_seqlens, images([1, 2, 4]), 2)
     with pytest.raises(ValueError, match="more images"):
-        grids = torch.tensor([[1, 2, 2]] * 4)  # 3 placeholders, 4 images
-        example.mrope_position_ids(ids, cu_seqlens, grids, IMAGE_TOKEN, 2)
+        # 3 placeholders, 4 images
+        example.mrope_position_ids(ids, cu_seqlens, images(*[[1, 2, 2]] * 4), 2)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
