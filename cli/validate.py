@@ -41,9 +41,10 @@ def validate(
         bool, typer.Option("--all", help="Every source (by default the 12 largest weights).")
     ] = False,
 ) -> None:
-    """Check a recipe and open every source (schemas, columns, files) without starting anything."""
+    """Check a recipe and open every source (schemas, columns, files, the header of each file's
+    first video) without starting anything."""
     parsed = load_recipe(recipe)
-    summaries = check_sources(parsed, recipe)
+    summaries = check_sources(parsed, recipe, probe_videos=True)
     table = Table(title=f"{recipe}: valid")
     for column in ("source", "files", "row groups", "rows", "column", "weight", "loaders"):
         table.add_column(column)
@@ -65,8 +66,9 @@ def validate(
         line = f"and {len(rest):,} more sources: {files:,} files, {rows_left:,} rows (--all)"
         console.print(Text(line, "dim"))
     for s in summaries:
-        if (left_out := s.left_out_warning()) is not None:
-            line = f"[bold yellow]warning:[/] {left_out}"
+        found = [s.left_out_warning(), *s.video_warnings()]
+        for warning in (w for w in found if w is not None):
+            line = f"[bold yellow]warning:[/] {warning}"
             err_console.print(line, highlight=False, soft_wrap=True)
     warn_if_many_loaders(count_processes(parsed, os.cpu_count() or 1), parsed.cluster)
     warn_long_samples(parsed)

@@ -9,6 +9,8 @@ from msd.errors import RecipeError, SourceError
 from msd.plan.cost import load_cost_function
 from msd.recipe.load import line_of
 from msd.recipe.schema import Recipe
+from msd.sources.first_video import first_video_problems
+from msd.sources.fuse import video_spec_of
 from msd.sources.index import SourceIndex, open_source
 from msd.sources.transforms import make_transform
 
@@ -23,6 +25,7 @@ class SourceSummary:
     weight: float
     loaders: int | str
     left_out: tuple[str, ...] = ()  # what the files hold that no sample comes from, per file
+    videos: tuple[str, ...] = ()  # files whose first video is unusable, or that hold none
 
     def left_out_warning(self, shown: int = 3) -> str | None:
         """One sentence on what the source's files hold that is left out, or None."""
@@ -34,18 +37,33 @@ class SourceSummary:
             first + more
         )
 
+    def video_warnings(self, shown: int = 5) -> list[str]:
+        """A sentence for each of the first ``shown`` files whose first video is unusable or
+        that hold no video, and one for how many more."""
+        more = len(self.videos) - shown
+        rest = f"and {more} more files of source '{self.name}' like these" if more > 0 else None
+        return list(self.videos[:shown]) + ([rest] if rest else [])
+
 
 def check_sources(
-    recipe: Recipe, recipe_path: str | os.PathLike[str] | None = None
+    recipe: Recipe,
+    recipe_path: str | os.PathLike[str] | None = None,
+    probe_videos: bool = False,
 ) -> list[SourceSummary]:
     """Open every source's files (footers only) and its transform; raise SourceError on the first
-    problem, prefixed with the recipe file and line of that source when ``recipe_path`` is given."""
+    problem, prefixed with the recipe file and line of that source when ``recipe_path`` is given.
+    ``probe_videos``: read the header of each video source file's first video too (one video a
+    file; `msd.sources.first_video`)."""
     _check_cost_function(recipe, recipe_path)
     summaries = []
     for i, source in enumerate(recipe.sources):
+        videos: tuple[str, ...] = ()
         try:
             index: SourceIndex = open_source(source, f"sources[{i}]")
             make_transform(source.transform, index.column_kind)
+            if probe_videos and source.has_videos:
+                spec = video_spec_of(recipe.video, recipe.vision)
+                videos = first_video_problems(source, index, f"sources[{i}]", spec)
         except SourceError as e:
             if recipe_path is None:
                 raise
@@ -60,6 +78,7 @@ def check_sources(
                 source.weight,
                 source.loaders,
                 index.problems,
+                videos,
             )
         )
     return summaries

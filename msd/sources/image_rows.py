@@ -103,7 +103,7 @@ class ImageRowReader:
         n = rg.rows_stored
         column = self.reader.read(rg, self.src.column) if text else pa.nulls(n)
         images, videos = (
-            None if c is None else _as_image_lists(self.reader.read(rg, c))
+            None if c is None else as_image_lists(self.reader.read(rg, c))
             for c in (self.source.image_column if text else None, self.source.video_column)
         )
         table = rows_of(column.cast(pa.large_binary()), images, videos)
@@ -213,7 +213,7 @@ def _none(n: int) -> pa.Array:
     )
 
 
-def _as_image_lists(column: pa.Array) -> pa.Array:
+def as_image_lists(column: pa.Array) -> pa.Array:
     """An image column as ``list<large_binary>``: a single image becomes a list of one (a null
     cell a list of one null: an image without bytes), a struct its ``bytes``."""
     typ = column.type

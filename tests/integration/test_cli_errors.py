@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from tests.conftest import base_recipe, run_msd
+from tests.videos import encode, write_tar
 
 msd = run_msd
 
@@ -91,3 +95,89 @@ def test_validate_accepts_a_good_recipe(small_data, tmp_path):
     result = msd("validate", "recipe.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "web" in result.stdout and "books" in result.stdout
+
+
+# -- video sources: the header of each file's first video --------------------------------------
+def _video_files(root: Path) -> dict[str, Any]:
+    """A WebDataset video source and a Parquet one, of real encoded clips: in each a good file, a
+    file whose first video is damaged (after a null cell, in the Parquet file) and a file
+    without videos; and a recipe of both."""
+    good, header = encode("mp4", 12, 48, 64, 12), encode("webm", 4, 48, 64, 12)
+    shards = root / "clips"
+    shards.mkdir()
+    write_tar(shards / "a.tar", [("one.mp4", good), ("one.txt", b"<video> a clip")])
+    cut = [("cut.txt", b"<video> cut"), ("cut.mp4", good[: len(good) // 2])]
+    write_tar(shards / "b.tar", [*cut, ("two.mp4", good), ("two.txt", b"<video> whole")])
+    write_tar(shards / "c.tar", [("words.txt", b"no clip here")])
+    table = root / "qa"
+    table.mkdir()
+    cells: dict[str, list[dict[str, Any] | None]] = {
+        "a": [{"bytes": good, "path": "a.mp4"}],
+        "b": [None, {"bytes": header[:100], "path": "cut.webm"}, {"bytes": good, "path": "x"}],
+        "c": [None, None],
+    }
+    video = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    for name, rows in cells.items():
+        texts = ["<video> what is it?"] * len(rows)
+        columns = {"video": pa.array(rows, video), "text": pa.array(texts)}
+        pq.write_table(pa.table(columns), table / f"{name}.parquet", row_group_size=1)
+    sources = [
+        {"name": "clips", "path": str(shards / "*.tar"), "format": "webdataset"}
+        | {"text_column": "txt", "video_exts": ["webm", "mp4"]},
+        {"name": "qa", "path": str(table / "*.parquet"), "text_column": "text"}
+        | {"video_column": "video"},
+    ]
+    return {
+        "name": "videos",
+        "seq_len": 256,
+        "global_batch_tokens": 256,
+        "steps": 2,
+        "video": {"max_frames": 8, "min_pixels": 3136, "max_pixels": 12544},
+        "sources": [s | {"weight": 1.0} for s in sources],
+        "trainer": {"command": "demo"},
+    }
+
+
+def test_validate_warns_of_each_file_whose_first_video_is_unusable(tmp_path: Path) -> None:
+    """Damage is data, as a job takes it (left out, counted): a warning naming the file, the
+    sample or row, and the reason; a file without videos is named too."""
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_video_files(tmp_path)))
+    result = msd("validate", "recipe.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "valid" in result.stdout and "Traceback" not in result.stderr
+    warnings = " ".join(result.stderr.split()).split("warning: ")[1:]  # rich may wrap them
+    expected = [
+        f"source 'clips' (sources[0]): '{tmp_path}/clips/b.tar' sample 'cut', member 'cut.mp4': "
+        "its first video is not a usable video (not a video)",
+        f"source 'clips' (sources[0].video_exts): '{tmp_path}/clips/c.tar' holds no member named "
+        "by video_exts (webm, mp4)",
+        f"source 'qa' (sources[1]): '{tmp_path}/qa/b.parquet' row 1: its first video is not a "
+        "usable video (cannot decode (OSError))",
+        f"source 'qa' (sources[1].video_column): '{tmp_path}/qa/c.parquet' holds no video in "
+        "column 'video'",
+    ]
+    assert len(warnings) == len(expected), warnings
+    for warning, start in zip(warnings, expected, strict=True):
+        assert warning.startswith(start), (warning, start)
+        assert warning.rstrip().count(". ") == 0  # one sentence
+
+
+@pytest.mark.parametrize("source", [0, 1], ids=["webdataset", "parquet"])
+def test_validate_fails_a_video_source_whose_files_hold_no_video(
+    tmp_path: Path, source: int
+) -> None:
+    """Not one video in any file is a recipe naming the wrong members or column: an error."""
+    recipe = _video_files(tmp_path)
+    if source == 0:
+        recipe["sources"][0]["video_exts"] = ["mkv"]
+        needles = ["sources[0].video_exts", "(mkv)", "only mp4, txt members"]
+    else:
+        recipe["sources"][1]["path"] = str(tmp_path / "qa" / "c.parquet")
+        needles = ["sources[1].video_column", "column 'video' holds no video"]
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = msd("validate", "recipe.yaml", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    err = " ".join(result.stderr.split())
+    assert err.startswith("error: recipe.yaml:"), err
+    for needle in needles:
+        assert needle in err, (needle, err)

@@ -13,11 +13,12 @@ import pytest
 
 from msd.errors import ProtocolError, SourceError
 from msd.recipe.schema import Source
+from msd.sources.first_video import ROWS_PER_READ, FirstVideo, first_videos
 from msd.sources.fuse import PAST_ROW, Fuser, FuseSpec
 from msd.sources.image_rows import (
     ROW_TYPE,
     ImageRowReader,
-    _as_image_lists,
+    as_image_lists,
     read_block,
     row_sizes,
     rows_of,
@@ -239,20 +240,43 @@ def test_webdataset_index_sizes_are_every_members_bytes(root: Path) -> None:
 def test_image_columns_become_lists_of_binary() -> None:
     typ = pa.list_(pa.large_binary())
     binary = pa.array([b"a", None, b"bc"], pa.binary())
-    assert _as_image_lists(binary).to_pylist() == [[b"a"], [None], [b"bc"]]
+    assert as_image_lists(binary).to_pylist() == [[b"a"], [None], [b"bc"]]
     structs = pa.array(
         [{"bytes": b"x", "path": "x.png"}, {"bytes": None, "path": "y.png"}, None], IMAGE_TYPE
     )
-    got = _as_image_lists(structs)
+    got = as_image_lists(structs)
     assert got.type.value_type == typ.value_type
     assert got.to_pylist() == [[b"x"], [None], [None]]
     lists = pa.array(
         [[{"bytes": b"p", "path": "p"}, {"bytes": b"q", "path": "q"}], None, [], [None]],
         pa.list_(IMAGE_TYPE),
     )
-    assert _as_image_lists(lists).to_pylist() == [[b"p", b"q"], [], [], [None]]
-    assert _as_image_lists(lists.slice(1)).to_pylist() == [[], [], [None]]
-    assert _as_image_lists(structs.slice(1, 1)).to_pylist() == [[None]]
+    assert as_image_lists(lists).to_pylist() == [[b"p", b"q"], [], [], [None]]
+    assert as_image_lists(lists.slice(1)).to_pylist() == [[], [], [None]]
+    assert as_image_lists(structs.slice(1, 1)).to_pylist() == [[None]]
+
+
+def test_the_first_video_of_a_parquet_file_is_the_first_cell_with_bytes(tmp_path: Path) -> None:
+    """Past empty lists, null lists and videos without bytes, and past the first read's rows;
+    a file without one has none (``msd validate`` probes what this finds)."""
+    rows: list[list[dict[str, object] | None] | None] = [[]] * (ROWS_PER_READ + 1)
+    rows += [None, [None, {"bytes": None, "path": "a"}, {"bytes": b"clip", "path": "b"}]]
+    texts = pa.array(["<video>"] * len(rows))
+    pq.write_table(
+        pa.table({"v": pa.array(rows, pa.list_(IMAGE_TYPE)), "t": texts}), tmp_path / "a.parquet"
+    )
+    pq.write_table(
+        pa.table({"v": pa.array([[], None], pa.list_(IMAGE_TYPE)), "t": texts[:2]}),
+        tmp_path / "b.parquet",
+    )
+    source = Source(
+        name="qa", path=str(tmp_path / "*.parquet"), weight=1, text_column="t", video_column="v"
+    )
+    found = list(first_videos(source, open_source(source, "sources[0]")))
+    assert found == [
+        FirstVideo(str(tmp_path / "a.parquet"), f"row {ROWS_PER_READ + 2}", b"clip"),
+        FirstVideo(str(tmp_path / "b.parquet")),
+    ]
 
 
 # Errors ---------------------------------------------------------------------------------------
