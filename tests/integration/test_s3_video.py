@@ -80,10 +80,15 @@ def test_video_sources_from_s3_give_the_local_stream(
     assert len(digests(local)) == 2 * here["steps"] > 0
     assert digests(remote) == digests(local)
     assert there["images"] == here["images"] == 6 + 6 + 1  # every clip but the cut one
-    # Counted with the samples they belonged to: the same on every run. (The summary's
-    # left_out_by_source and videos_by_source are the loaders' last reports, which a job this
-    # short may end before.)
+    # Counted with the samples they belonged to: the same on every run.
     assert there["skipped_images_by_source"] == here["skipped_images_by_source"] == {"clips": 1}
+    # What the loaders read, by reason: final once every source was read to its end, which a
+    # finite job's loaders report at once, however short the job.
+    assert there["left_out_by_source"] == here["left_out_by_source"]
+    assert list(here["left_out_by_source"]) == ["clips"], here["left_out_by_source"]
+    reads = {n: v["read"] for n, v in here["videos_by_source"].items()}
+    assert {n: v["read"] for n, v in there["videos_by_source"].items()} == reads
+    assert reads == {"clips": 8, "questions": 6}  # the cut clip was read too
     saved = json.loads((remote / "recipe.json").read_text())
     files = [f[0] for s in saved["sources"] for f in s["files"]]
     assert len(files) == 5 and all(f.startswith(s3.url("videos") + "/") for f in files)

@@ -108,6 +108,10 @@ class Loader:
                 self.next_read.changed(shard.source)
                 if meta is not None:
                     transport.send(self.planner, meta)
+                    if shard.next_gpos() is None:
+                        # Read to its end: its counts are final now, and a short job may end
+                        # before the next report would go.
+                        transport.send(self.planner, self._stats())
 
     def _read(self, shard: SourceShard) -> Meta | None:
         """The shard's next chunk; a read its object store failed is tried again later (the
