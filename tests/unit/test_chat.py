@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -543,6 +543,10 @@ def test_a_malformed_conversation_is_left_out_with_its_reason(case, tokenizer):
         assert chat.text(cell) == reason
 
 
+def test_every_reason_is_one_of_the_listed_ones_and_each_is_shown_above():
+    assert sorted({reason for _, reason in MALFORMED.values()}) == sorted(conversations.REASONS)
+
+
 def test_parse_normalizes_both_shapes():
     assert parse(
         [{"from": "human", "value": "<image>hi", "weight": 0}, {"from": "gpt", "value": "yo"}]
@@ -590,9 +594,7 @@ def test_a_tokenizer_set_to_truncate_or_pad_is_neither(tokenizer_file, hf):
     ),
     st.booleans(),
 )
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, deadline=None)
 def test_random_conversations_train_only_reply_tokens(hf, tokenizer, texts, with_system):
     """ids and trained tokens equal transformers'; the trained tokens are those overlapping a
     reply and its end token, written out here without the template."""

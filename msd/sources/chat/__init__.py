@@ -63,6 +63,7 @@ e.g. its ``raise_exception`` on roles out of order), ``markers do not match the 
 from msd.sources.chat.cells import parse
 from msd.sources.chat.conversations import (
     LOSSES,
+    REASONS,
     Conversations,
     Loss,
     Rendered,
@@ -74,6 +75,7 @@ from msd.sources.chat.tokens import TextSegment
 
 __all__ = [
     "LOSSES",
+    "REASONS",
     "ChatTemplate",
     "Conversations",
     "Loss",

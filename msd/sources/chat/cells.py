@@ -29,6 +29,19 @@ UNKNOWN_ROLE = "unknown role"
 NO_CONTENT = "message without content"
 WRONG_CONTENT = "content of the wrong type"
 UNKNOWN_PART = "unknown content part"
+REASONS = (
+    NOT_JSON,
+    TOO_LARGE,
+    TOO_DEEP,
+    NOT_A_LIST,
+    NO_MESSAGES,
+    NOT_A_MESSAGE,
+    NO_ROLE,
+    UNKNOWN_ROLE,
+    NO_CONTENT,
+    WRONG_CONTENT,
+    UNKNOWN_PART,
+)
 
 # Bounds on what a cell may hold: far above any real conversation, low enough that a hostile
 # cell costs little before it is refused.

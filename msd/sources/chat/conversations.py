@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 
 from msd.errors import SourceError
+from msd.sources.chat.cells import REASONS as CELL_REASONS
 from msd.sources.chat.cells import Message, parse, with_system
 from msd.sources.chat.template import ChatTemplate, CompiledTemplate, Span
 from msd.sources.chat.tokens import Ids, Markers, Mask, TextSegment, trained_mask
@@ -27,6 +28,8 @@ NO_ASSISTANT = "no assistant turn"
 TEMPLATE_FAILED = "template failed"
 MEDIA_MISMATCH = "markers do not match the media"
 NO_TRAINED = "no trained tokens"
+# Every reason `Conversations.render` may give.
+REASONS = (*CELL_REASONS, NO_ASSISTANT, TEMPLATE_FAILED, MEDIA_MISMATCH, NO_TRAINED)
 
 
 @dataclass(frozen=True)
