@@ -179,6 +179,8 @@ def build(frames: Frames, shapes: compact.Shapes) -> dict[str, torch.Tensor]:
             tensor = _widened(*frames[name], target)
         elif name == "labels":
             tensor = _labels(frames, target)
+        elif name == compact.LOSS_MASK:
+            tensor = ~_ignored(frames, int(np.prod(shape, dtype=np.int64)))
         else:
             tensor = _positions(frames, target, int(np.prod(shape, dtype=np.int64)))
         out[name] = tensor.reshape(shape)
@@ -204,10 +206,14 @@ def _labels(frames: Frames, dtype: torch.dtype) -> torch.Tensor:
     labels[:-1] = ids[1:]
     at = _widened(*frames["labels/at"], torch.int64)
     labels[at] = _widened(*frames["labels/values"], torch.int64)
+    return labels.masked_fill_(_ignored(frames, ids.numel()), IGNORE_INDEX).to(dtype)
+
+
+def _ignored(frames: Frames, n: int) -> torch.Tensor:
+    """The labels' ignored bits, one bool a token."""
     packed = frames["labels/ignored"][0]
     bits = (packed.unsqueeze(1) >> _BITS.to(packed.device)) & 1
-    ignored = bits.reshape(-1)[: ids.numel()].bool()
-    return labels.masked_fill_(ignored, IGNORE_INDEX).to(dtype)
+    return bits.reshape(-1)[:n].bool()
 
 
 def _positions(frames: Frames, dtype: torch.dtype, n: int) -> torch.Tensor:

@@ -18,6 +18,11 @@ offsets: each image is its own sequence in the encoder) and ``image_sample_ids``
 ``video_cu_seqlens`` [videos + 1], ``second_per_grid_ts`` [videos] float32 (seconds one
 temporal patch spans, for Qwen2.5-VL's time-aligned positions), ``video_sample_ids`` /
 ``video_source_ids``; ``labels`` are ``IGNORE_INDEX`` before a video placeholder too.
+
+A piece with ``trained`` spans (a conversation's assistant turns) has ``IGNORE_INDEX`` labels
+wherever the token a label predicts lies outside them; with ``loss_mask``, the batch also
+carries ``loss_mask`` [rows, seq_len] bool: ``labels != IGNORE_INDEX``, what Megatron's
+``get_batch`` calls the loss mask.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from msd.sample import FILLER, SampleImages
 
 IGNORE_INDEX = -100
 PAD_ID = 0
+LOSS_MASK = "loss_mask"
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class Piece:
     padded: int = 0
     offset: int = 0
     images: SampleImages | None = None
+    # The [start, end) spans of its tokens the loss is taken on (None: every token).
+    trained: np.ndarray | None = None
 
 
 def pack_rows(
@@ -62,6 +70,7 @@ def pack_rows(
     image_token_id: int | None = None,
     patch_values: int = 0,
     video: VideoOutput | None = None,
+    loss_mask: bool = False,
 ) -> dict[str, np.ndarray]:
     """Arrays ``input_ids``, ``labels``, ``position_ids`` ([rows, seq_len] int64), ``cu_seqlens``
     (int32), ``sample_ids``, ``source_ids`` and ``sample_offsets`` (int64, in row order; the
@@ -80,6 +89,8 @@ def pack_rows(
                 continue  # delivered (its id is listed) but occupies no tokens
             input_ids[r, at : at + n] = piece.tokens
             labels[r, at : at + n - 1] = piece.tokens[1:]
+            if piece.trained is not None:  # a label predicts the next token: its span decides
+                labels[r, at : at + n - 1][~_trained(piece.trained, n)[1:]] = IGNORE_INDEX
             position_ids[r, at : at + span] = np.arange(span)
             at += span
             bounds.append(r * seq_len + at)
@@ -92,7 +103,8 @@ def pack_rows(
         if image_token_id is None
         else _images(pieces, input_ids, labels, image_token_id, patch_values, video)
     )
-    return vision | {
+    mask = {LOSS_MASK: labels != IGNORE_INDEX} if loss_mask else {}
+    return vision | mask | {
         "input_ids": input_ids,
         "labels": labels,
         "position_ids": position_ids,
@@ -101,6 +113,14 @@ def pack_rows(
         "source_ids": np.array([p.source for p in pieces], dtype=np.int64),
         "sample_offsets": np.array([p.offset for p in pieces], dtype=np.int64),
     }
+
+
+def _trained(spans: np.ndarray, n: int) -> np.ndarray:
+    """A bool a token of a piece of ``n``: inside one of ``spans`` or not."""
+    keep = np.zeros(n, dtype=bool)
+    for start, end in spans.tolist():
+        keep[max(0, start) : max(0, end)] = True
+    return keep
 
 
 def _images(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-ROW_TENSORS = ("input_ids", "labels", "position_ids")
+ROW_TENSORS = ("input_ids", "labels", "position_ids", "loss_mask")
 
 
 def zigzag_index(cu_seqlens: np.ndarray, cp: int, cp_rank: int) -> np.ndarray:
@@ -33,7 +33,8 @@ def cp_slice(arrays: dict[str, np.ndarray], cp: int, cp_rank: int) -> dict[str, 
     rows = arrays["input_ids"].shape[0]
     out = dict(arrays)
     for name in ROW_TENSORS:
-        out[name] = arrays[name].reshape(-1)[index].reshape(rows, -1)
+        if name in arrays:
+            out[name] = arrays[name].reshape(-1)[index].reshape(rows, -1)
     out["cu_seqlens"] = (arrays["cu_seqlens"] // cp).astype(np.int32)
     return out
 

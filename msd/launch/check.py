@@ -9,10 +9,10 @@ from msd.errors import RecipeError, SourceError
 from msd.plan.cost import load_cost_function
 from msd.recipe.load import line_of
 from msd.recipe.schema import Recipe
+from msd.sources.chat_rows import tokenize_of
 from msd.sources.first_video import first_video_problems
 from msd.sources.fuse import video_spec_of
 from msd.sources.index import SourceIndex, open_source
-from msd.sources.transforms import make_transform
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def check_sources(
         videos: tuple[str, ...] = ()
         try:
             index: SourceIndex = open_source(source, f"sources[{i}]")
-            make_transform(source.transform, index.column_kind)
+            tokenize_of(source, index.column_kind)
             if probe_videos and source.has_videos:
                 spec = video_spec_of(recipe.video, recipe.vision)
                 videos = first_video_problems(source, index, f"sources[{i}]", spec)

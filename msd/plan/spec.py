@@ -33,5 +33,12 @@ def stream_spec(
 def topology_of(recipe: Recipe) -> Topology:
     d = recipe.distribute
     return Topology(
-        d.dp, d.pp, d.cp, d.tp, d.order, vision=recipe.has_images, videos=recipe.has_videos
+        d.dp,
+        d.pp,
+        d.cp,
+        d.tp,
+        d.order,
+        vision=recipe.has_images,
+        videos=recipe.has_videos,
+        masks=recipe.has_masks,
     )

@@ -15,6 +15,7 @@ DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 
 INPUTS = ("input_ids", "position_ids")
 LABELS = ("labels",)
+LOSS_MASK = "loss_mask"  # with LABELS, in a job of conversations
 METADATA = ("cu_seqlens", "sample_ids", "source_ids", "sample_offsets")
 # What the vision encoder needs: it runs on the first pipeline stage only.
 VISION = (
@@ -54,6 +55,7 @@ class Topology:
     order: tuple[str, ...] = DEFAULT_ORDER
     vision: bool = False  # the job has image sources
     videos: bool = False  # the job has video sources
+    masks: bool = False  # the job has conversation sources: its batches carry loss_mask
 
     @property
     def world_size(self) -> int:
@@ -91,6 +93,8 @@ class Topology:
                 names += VIDEO
         if coords.pp == self.pp - 1:
             names += LABELS
+            if self.masks:
+                names.append(LOSS_MASK)
             if "position_ids" not in names:
                 names.append("position_ids")
         return (*names, *METADATA)

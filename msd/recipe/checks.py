@@ -203,7 +203,28 @@ def _check_videos(key: str, source: Source) -> list[Problem]:
         problems.append(
             Problem(f"{key}.video_exts", f"shares {', '.join(both)} with image_exts; {fix}")
         )
-    return problems + _check_clip(key, source)
+    return problems + _check_clip(key, source) + _check_chat(key, source)
+
+
+def _check_chat(key: str, source: Source) -> list[Problem]:
+    """Conversations are a text column's, rendered and tokenized by a tokenizer."""
+    chat = source.chat
+    if chat is None:
+        return []
+    problems = []
+    if source.text_column is None:
+        fix = "name the column (or WebDataset member, or JSON key) that holds each conversation"
+        problems.append(Problem(f"{key}.text_column", f"is needed with chat; {fix}"))
+    if source.transform.kind != "tokenizer":
+        fix = "set transform: {kind: tokenizer, path: tokenizer.json} (the chat template's model's)"
+        problems.append(Problem(f"{key}.transform.kind", f"must be tokenizer with chat; {fix}"))
+    if source.data_format == "megatron":
+        fix = "conversations come from Parquet, JSONL, Arrow or WebDataset .json members"
+        problems.append(Problem(f"{key}.chat", f"cannot read Megatron data; {fix}"))
+    if not chat.template.strip():
+        fix = "name a tokenizer_config.json or a .jinja file, or give the template itself"
+        problems.append(Problem(f"{key}.chat.template", f"is empty; {fix}"))
+    return problems
 
 
 def _check_clip(key: str, source: Source) -> list[Problem]:

@@ -69,6 +69,21 @@ class PinnedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_
     mtime_ns: int
 
 
+class Chat(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A source of conversations: each row's ``text_column`` cell is one (OpenAI / Hugging Face
+    ``messages``: ``[{role, content}]``, or ShareGPT / LLaVA ``conversations``: ``[{from,
+    value}]``; a list, its JSON, or an object holding it), rendered with the chat ``template``
+    (a ``tokenizer_config.json``, a ``.jinja`` file, or the Jinja text itself) and tokenized
+    with the source's tokenizer. ``loss``: the tokens trained on: ``assistant`` (those inside
+    the template's ``{% generation %}`` blocks: the assistant turns and their end-of-turn
+    tokens), ``all``, or ``last`` (the last assistant turn only). ``system``: the system prompt
+    put first in a conversation that has none."""
+
+    template: str
+    loss: Literal["assistant", "all", "last"] = "assistant"
+    system: str | None = None
+
+
 class Clip(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Cut each video into clips of ``length_s`` seconds, one starting every ``stride_s``
     seconds (None: ``length_s``, back to back), as many as fit whole; each clip is a sample of
@@ -102,6 +117,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         gif]``; none by default); each marked in the text by ``video.marker``.
     clip: cut this source's videos into clips, each a sample (`Clip`); its index then reads
         each video's header once (cached beside the WebDataset indexes) to count its clips.
+    chat: its rows are conversations, rendered with a chat template (`Chat`).
     shadows: hot-standby loader processes with the source open; one takes over the work of a
         loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
     endpoint_url: an S3-compatible store's endpoint for an ``s3://`` path (default: the AWS
@@ -125,6 +141,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     video_column: str | None = None
     video_exts: tuple[str, ...] = ()
     clip: Clip | None = None
+    chat: Chat | None = None
     transform: Transform = Transform()
     repeat: bool = True
     loaders: int | Literal["auto"] = 1
@@ -496,6 +513,12 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return any(s.has_videos for s in self.sources)
 
     @property
+    def has_masks(self) -> bool:
+        """Some source's samples take the loss on some of their tokens only (conversations):
+        its batches carry ``loss_mask``."""
+        return any(s.chat is not None for s in self.sources)
+
+    @property
     def video_rows_per_patch(self) -> int:
         """Rows of ``vision``'s patch width one video patch takes on the data path (a video
         patch holds ``video.temporal_patch_size`` frames, an image patch
@@ -559,6 +582,7 @@ def stream_fingerprint(recipe: Recipe) -> str:
                     else {}
                 ),
                 **({"clip": msgspec.to_builtins(s.clip)} if s.clip is not None else {}),
+                **({"chat": msgspec.to_builtins(s.chat)} if s.chat is not None else {}),
                 **({"group_rows": s.group_rows} if s.group_rows is not None else {}),
                 **(
                     {"format": s.data_format}

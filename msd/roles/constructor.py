@@ -50,6 +50,7 @@ from msd.wire.protocol import (
     TensorSpec,
     Welcome,
     frame_offsets,
+    trained_spans,
 )
 from msd.wire.rejects import Rejects
 from msd.wire.relay import split_payload
@@ -308,7 +309,12 @@ class Constructor:
         size = 0
         for dp, cp_rank in self.groups:
             packed = pack_rows(
-                rows[dp], self.recipe.seq_len, self.image_token, self.patch_values, self.video
+                rows[dp],
+                self.recipe.seq_len,
+                self.image_token,
+                self.patch_values,
+                self.video,
+                self.recipe.has_masks,
             )
             ready = Ready.of(cp_slice(packed, self.topology.cp, cp_rank))
             self.ready[(dp, cp_rank, step)] = ready
@@ -338,11 +344,12 @@ class Constructor:
             strict=True,
         )
         for dp, row, source, gpos, sample_id, length, offset, padded in pieces:
-            tokens, images = payloads[(source, gpos)]
+            tokens, images, trained = payloads[(source, gpos)]
             piece = tokens[offset : offset + length]
             if images is not None and len(piece) < len(tokens):  # a piece of a split sample
                 images = self._images_within(tokens, images, offset, offset + length)
-            rows[dp][row].append(Piece(source, sample_id, piece, padded, offset, images))
+            own = None if trained is None else trained - offset  # the piece's own positions
+            rows[dp][row].append(Piece(source, sample_id, piece, padded, offset, images, own))
         return rows
 
     def _images_within(
@@ -497,7 +504,11 @@ def payload_samples(msg: Payload, buffers: list[memoryview]) -> list[Sample]:
                     videos if any(videos) else (),
                     msg.video_rows,
                 )
-    return [(tokens[bounds[i] : bounds[i + 1]], images[i]) for i in range(len(msg.gpos))]
+    spans = trained_spans(msg)
+    return [
+        (tokens[bounds[i] : bounds[i + 1]], images[i], None if spans is None else spans[i])
+        for i in range(len(msg.gpos))
+    ]
 
 
 def early_cap_bytes(recipe: Recipe, groups: int) -> int:

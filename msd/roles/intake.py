@@ -23,7 +23,9 @@ from msd.sample import SampleImages
 from msd.wire.rejects import Rejects
 
 Key = tuple[int, int]  # (source, gpos)
-Sample = tuple[np.ndarray, SampleImages | None]  # its tokens, and its images if it has any
+# its tokens, its images if it has any, and the [start, end) spans of its tokens a loss is
+# taken on (None: every token)
+Sample = tuple[np.ndarray, SampleImages | None, np.ndarray | None]
 
 
 class Intake:

@@ -28,13 +28,17 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from msd.recipe.schema import Clip, Recipe, Transform, Video, Vision
+from msd.recipe.schema import Clip, Recipe, Source, Video, Vision
 from msd.sample import FILLER, SampleImages
 from msd.sources import video as videos
+from msd.sources.chat import Conversations
+from msd.sources.chat_rows import LEFT_OUT as CHAT_LEFT_OUT
+from msd.sources.chat_rows import conversations_of, spans_of
 from msd.sources.clips import ClipRule, clip_count, clip_window
 from msd.sources.formats.base import ColumnKind
 from msd.sources.transforms import Ids, Tokenize, boundaries, make_transform
@@ -42,6 +46,7 @@ from msd.sources.video import DecodedVideo, VideoHeader, VideoSpec, Window
 from msd.sources.vision import DecodedImage, DecodeFailure, ImageGeometry, decode
 
 Visual = DecodedImage | DecodedVideo
+_S = TypeVar("_S")  # a segment of a sample's text, or its index
 
 Skips = Counter[str]
 _EMPTY: Ids = np.zeros(0, dtype=np.int32)
@@ -226,11 +231,30 @@ def fuse(
     or one: no markers), its images and videos (None: not decoded; ``kinds``: which markers
     are video markers, None: none are), and the images and videos kept. ``frame``: the
     document's bos and eos, put around it (None: none) unless it holds nothing."""
-    order, head = _pair(segments, images, skips, clips, kinds)
+    ids, kept, _ = fuse_masked(segments, None, images, spec, skips, clips, kinds, frame)
+    return ids, kept
+
+
+def fuse_masked(
+    segments: Sequence[Ids],
+    masks: Sequence[np.ndarray] | None,
+    images: Sequence[DecodedImage | None],
+    spec: FuseSpec,
+    skips: Skips,
+    clips: Sequence[DecodedVideo | None] = (),
+    kinds: Sequence[bool] | None = None,
+    frame: tuple[int | None, int | None] = (None, None),
+) -> tuple[Ids, SampleImages | None, np.ndarray | None]:
+    """`fuse`, and with ``masks`` (a bool a token of each segment: trained or not), the fused
+    sample's: its text tokens keep theirs; placeholders, fillers, bos and eos are not trained
+    (None without ``masks``)."""
+    order, head = _pair(list(range(len(segments))), images, skips, clips, kinds)
     bos, eos = frame
     parts: list[Ids] = [] if bos is None else [np.array([bos], dtype=np.int32)]
+    trained: list[np.ndarray] = [np.zeros(len(p), dtype=bool) for p in parts]
     if head is not None:
-        parts.append(head)
+        parts.append(segments[head])
+        trained.append(_mask_of(masks, head, segments))
     length = sum(len(p) for p in parts)
     kept: list[Visual] = []
     full = False  # no later image fits
@@ -244,30 +268,41 @@ def fuse(
                 skips[PAST_ROW] += 1
                 full = full or spec.long_samples != "split" or image.tokens <= spec.seq_len
             if fill is not None:
-                if fill:
-                    parts.append(np.full(fill, FILLER, dtype=np.int32))
                 token = (
                     spec.video_token_id if isinstance(image, DecodedVideo) else spec.image_token_id
                 )
-                parts.append(np.full(image.tokens, token, dtype=np.int32))
-                length += fill + image.tokens
+                run = np.full(image.tokens, token, dtype=np.int32)
+                if fill:
+                    run = np.concatenate((np.full(fill, FILLER, dtype=np.int32), run))
+                parts.append(run)
+                trained.append(np.zeros(len(run), dtype=bool))
+                length += len(run)
                 kept.append(image)
         if text is not None:
-            parts.append(text)
-            length += len(text)
+            parts.append(segments[text])
+            trained.append(_mask_of(masks, text, segments))
+            length += len(segments[text])
     if not kept and not any(len(p) for p in parts[bos is not None :]):
-        return np.zeros(0, dtype=np.int32), None  # nothing: no document to frame
+        return np.zeros(0, dtype=np.int32), None, None  # nothing: no document to frame
     if eos is not None:
         parts.append(np.array([eos], dtype=np.int32))
+        trained.append(np.zeros(1, dtype=bool))
     ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
     ids = ids.astype(np.int32, copy=False)
+    mask = None if masks is None else np.concatenate(trained) if trained else np.zeros(0, bool)
     if not kept:
-        return ids, None
+        return ids, None, mask
     limit = _limit(spec)
     if limit is not None and len(ids) > limit:
         skips[CUT_TOKENS] += len(ids) - limit
         ids = ids[:limit]
-    return ids, _sample_images(kept, spec)
+        mask = None if mask is None else mask[:limit]
+    return ids, _sample_images(kept, spec), mask
+
+
+def _mask_of(masks: Sequence[np.ndarray] | None, i: int, segments: Sequence[Ids]) -> np.ndarray:
+    """Segment ``i``'s trained tokens (all, without masks: unused then)."""
+    return np.ones(len(segments[i]), dtype=bool) if masks is None else masks[i]
 
 
 def _sample_images(kept: Sequence[Visual], spec: FuseSpec) -> SampleImages:
@@ -289,12 +324,12 @@ def _sample_images(kept: Sequence[Visual], spec: FuseSpec) -> SampleImages:
 
 
 def _pair(
-    segments: Sequence[Ids],
+    segments: Sequence[_S],
     images: Sequence[DecodedImage | None],
     skips: Skips,
     clips: Sequence[DecodedVideo | None] = (),
     kinds: Sequence[bool] | None = None,
-) -> tuple[list[tuple[Visual | None, Ids | None]], Ids | None]:
+) -> tuple[list[tuple[Visual | None, _S | None]], _S | None]:
     """(image or video, the text after it) in order, and the text before the first one."""
     markers = len(segments) - 1
     if kinds is None:
@@ -302,7 +337,7 @@ def _pair(
     marked_videos = sum(kinds)
     marked_images = markers - marked_videos
     # Unmarked images, then unmarked videos, precede the text.
-    order: list[tuple[Visual | None, Ids | None]] = []
+    order: list[tuple[Visual | None, _S | None]] = []
     if not marked_images:
         order += [(im, None) for im in images]
     if not marked_videos:
@@ -319,7 +354,7 @@ def _pair(
         if marked > pairs:
             skips[unmarked] += marked - pairs
     seen = [0, 0]  # images, videos paired so far
-    paired: list[tuple[Visual | None, Ids | None]] = []
+    paired: list[tuple[Visual | None, _S | None]] = []
     for k, is_video in enumerate(kinds):
         own = clips if is_video else images
         j = seen[is_video]
@@ -393,21 +428,38 @@ def _limit(spec: FuseSpec) -> int | None:
     return spec.seq_len
 
 
+@dataclass(frozen=True)
+class _Text:
+    """A row's text ready to fuse: the token ids between its markers, which of them are trained
+    (None: all), and which markers are video markers (None: none are)."""
+
+    segments: list[Ids]
+    masks: list[np.ndarray] | None
+    kinds: list[bool] | None
+
+
 class Fuser:
     """Turns rows of an image source (``msd.sources.image_rows.ROW_TYPE``) into samples; counts
     what it leaves out in ``skips``. ``require_text``: a row without text is left out whole
     (a WebDataset key without its text member), else it is the images alone. A row's videos
     are read only when ``spec.video`` is set (a source of videos). ``tokenize`` tokenizes the
-    text between markers; ``frame``, the bos and eos put around each sample (`of_source`)."""
+    text between markers; ``frame``, the bos and eos put around each sample (`of_source`).
+    ``chat``: the rows' text is a conversation, rendered and tokenized by it, its markers where
+    the template put them; ``trained`` then holds each sample's trained spans."""
 
     @classmethod
     def of_source(
-        cls, transform: Transform, column_kind: ColumnKind, spec: FuseSpec, require_text: bool
+        cls, source: Source, column_kind: ColumnKind, spec: FuseSpec, require_text: bool
     ) -> Fuser:
-        """The Fuser of a source with ``transform``: its text pieces tokenized without bos and
-        eos, which go around each whole sample."""
-        pieces = make_transform(transform, column_kind, documents=False)
-        return cls(pieces, spec, require_text, boundaries(transform))
+        """The Fuser of ``source``: its text pieces tokenized without bos and eos, which go
+        around each whole sample; or its conversations rendered."""
+        frame = boundaries(source.transform)
+        if source.chat is not None:
+            markers = (spec.marker, spec.video_marker if spec.video is not None else "")
+            chat = conversations_of(source, markers)
+            return cls(_untokenized, spec, require_text, frame, chat)
+        pieces = make_transform(source.transform, column_kind, documents=False)
+        return cls(pieces, spec, require_text, frame)
 
     def __init__(
         self,
@@ -415,15 +467,19 @@ class Fuser:
         spec: FuseSpec,
         require_text: bool,
         frame: tuple[int | None, int | None] = (None, None),
+        chat: Conversations | None = None,
     ) -> None:
         self.tokenize, self.spec, self.require_text = tokenize, spec, require_text
         self.frame = frame  # each sample's bos and eos
+        self.chat = chat
         self.skips: Skips = Counter()
         self.images_read = 0
         self.videos_read = 0
         self.video_cost = VideoCost()
-        # of the rows of the last call: images and videos left out
+        # of the rows of the last call: images and videos left out, and (conversations) the
+        # [start, end) spans of each sample's tokens the loss is taken on
         self.skipped_per_sample: list[int] = []
+        self.trained: list[np.ndarray | None] = []
         self._marker = spec.marker.encode("utf-8")
         self._split: re.Pattern[bytes] | None = None
         if spec.video is not None:
@@ -438,14 +494,11 @@ class Fuser:
         parts = self._split.split(text)
         return parts[::2], [m == self._video_marker for m in parts[1::2]]
 
-    def __call__(self, rows: pa.StructArray) -> tuple[list[Ids], list[SampleImages | None]]:
-        texts: list[bytes | None] = rows.field("text").to_pylist()
-        images: list[list[bytes | None] | None] = rows.field("images").to_pylist()
-        with_videos = self.spec.video is not None
-        clips: list[list[bytes | None] | None] = (
-            rows.field("videos").to_pylist() if with_videos else [None] * len(texts)
-        )
-        which: list[int] = rows.field("clip").to_pylist()
+    def _texts(self, texts: list[bytes | None]) -> list[_Text | None]:
+        """Each row's text tokenized between its markers; None: left out (no text, or a
+        conversation left out: counted)."""
+        if self.chat is not None:
+            return self._conversations(texts)
         segments: list[list[bytes]] = []
         kinds: list[list[bool] | None] = []
         for text in texts:
@@ -458,51 +511,95 @@ class Fuser:
                 kinds.append(kind)
         flat = [seg for row in segments for seg in row]
         tokens = self.tokenize(pa.array(flat, pa.large_binary())) if flat else []
+        out: list[_Text | None] = []
+        at = 0
+        for row, kind in zip(segments, kinds, strict=True):
+            out.append(_Text(tokens[at : at + len(row)], None, kind) if row else None)
+            at += len(row)
+        return out
+
+    def _conversations(self, texts: list[bytes | None]) -> list[_Text | None]:
+        assert self.chat is not None
+        out: list[_Text | None] = []
+        for text, rendered in zip(texts, self.chat.render_batch(texts), strict=True):
+            if text is None or isinstance(rendered, str):
+                if text is not None:
+                    self.skips[f"{CHAT_LEFT_OUT} ({rendered})"] += 1
+                out.append(None)
+                continue
+            ids = [s.ids for s in rendered.segments]
+            masks = [s.trained for s in rendered.segments]
+            out.append(_Text(ids, masks, [m == "video" for m in rendered.media]))
+        return out
+
+    def __call__(self, rows: pa.StructArray) -> tuple[list[Ids], list[SampleImages | None]]:
+        texts: list[bytes | None] = rows.field("text").to_pylist()
+        images: list[list[bytes | None] | None] = rows.field("images").to_pylist()
+        with_videos = self.spec.video is not None
+        clips: list[list[bytes | None] | None] = (
+            rows.field("videos").to_pylist() if with_videos else [None] * len(texts)
+        )
+        which: list[int] = rows.field("clip").to_pylist()
         ids: list[Ids] = []
         kept: list[SampleImages | None] = []
-        self.skipped_per_sample = []
-        at = 0
-        for row, kind, own, own_clips, k in zip(segments, kinds, images, clips, which, strict=True):
+        self.skipped_per_sample, self.trained = [], []
+        prepared = self._texts(texts)
+        for text, row, own, own_clips, k in zip(texts, prepared, images, clips, which, strict=True):
             own, own_clips = own or [], own_clips or []
             self.images_read += len(own)
             self.videos_read += len(own_clips)
-            if not row:
-                self.skips[NO_TEXT] += 1
+            if row is None:
+                if self.chat is None or text is None:  # else counted with its reason
+                    self.skips[NO_TEXT] += 1
                 ids.append(_EMPTY)
                 kept.append(None)
+                self.trained.append(None)
                 self.skipped_per_sample.append(len(own) + len(own_clips))
                 continue
-            marked_videos = sum(kind) if kind else 0
-            paired, paired_clips = paired_counts(
-                len(row) - 1, marked_videos, len(own), len(own_clips)
-            )
-            decoded = decode_all(own[:paired], self.spec.geometry, self.skips)
-            decoded += [None] * (len(own) - paired)  # unpaired: counted by fuse, not decoded
-            decoded_clips: list[DecodedVideo | None] = []
-            if own_clips:
-                assert self.spec.video is not None
-                rule = self.spec.clip
-                decoded_clips = decode_videos(
-                    own_clips[:paired_clips],
-                    self.spec.video,
-                    self.skips,
-                    self.video_cost,
-                    None if rule is None or len(own_clips) != 1 else (rule, k),
-                )
-                decoded_clips += [None] * (len(own_clips) - paired_clips)
-            sample, pixels = fuse(
-                tokens[at : at + len(row)],
+            decoded, decoded_clips = self._decoded(row, own, own_clips, k)
+            sample, pixels, mask = fuse_masked(
+                row.segments,
+                row.masks,
                 decoded,
                 self.spec,
                 self.skips,
                 decoded_clips,
-                kind,
+                row.kinds,
                 self.frame,
             )
-            at += len(row)
             ids.append(sample)
             kept.append(pixels)
+            self.trained.append(None if mask is None else spans_of(mask))
             self.skipped_per_sample.append(
                 len(own) + len(own_clips) - (0 if pixels is None else len(pixels.grids))
             )
         return ids, kept
+
+    def _decoded(
+        self, row: _Text, own: list[bytes | None], own_clips: list[bytes | None], k: int
+    ) -> tuple[list[DecodedImage | None], list[DecodedVideo | None]]:
+        """A row's images and videos decoded, those its markers pair with; None for the rest
+        (counted by fuse)."""
+        marked_videos = sum(row.kinds) if row.kinds else 0
+        paired, paired_clips = paired_counts(
+            len(row.segments) - 1, marked_videos, len(own), len(own_clips)
+        )
+        decoded = decode_all(own[:paired], self.spec.geometry, self.skips)
+        decoded += [None] * (len(own) - paired)
+        decoded_clips: list[DecodedVideo | None] = []
+        if own_clips:
+            assert self.spec.video is not None
+            rule = self.spec.clip
+            decoded_clips = decode_videos(
+                own_clips[:paired_clips],
+                self.spec.video,
+                self.skips,
+                self.video_cost,
+                None if rule is None or len(own_clips) != 1 else (rule, k),
+            )
+            decoded_clips += [None] * (len(own_clips) - paired_clips)
+        return decoded, decoded_clips
+
+
+def _untokenized(column: pa.Array) -> list[Ids]:
+    raise AssertionError("a conversation source's text is tokenized by its chat template")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,7 +107,7 @@ class ImageRowReader:
             None if c is None else as_image_lists(self.reader.read(rg, c))
             for c in (self.source.image_column if text else None, self.source.video_column)
         )
-        table = rows_of(column.cast(pa.large_binary()), images, videos)
+        table = rows_of(_as_text(column), images, videos)
         return table if rows is None else table.take(pa.array(rows))
 
     def _tar(self, path: str) -> TarIndex:
@@ -183,6 +184,15 @@ def row_sizes(rows: pa.StructArray) -> np.ndarray:
         owner = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
         sizes += np.bincount(owner, flat.astype(np.float64), minlength=len(rows)).astype(np.int64)
     return sizes
+
+
+def _as_text(column: pa.Array) -> pa.Array:
+    """A text column as ``large_binary``; a column of conversations (lists of messages) as the
+    JSON of each (what ``msd.sources.chat`` reads)."""
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        cells = [None if c is None else msgspec.json.encode(c) for c in column.to_pylist()]
+        return pa.array(cells, pa.large_binary())
+    return column.cast(pa.large_binary())
 
 
 def rows_of(

@@ -216,6 +216,6 @@ def _column(source: Source, key: str) -> tuple[str, ColumnKind]:
             f"source '{source.name}' ({key}): set exactly one of text_column and token_column"
         )
     if source.text_column is not None:
-        return source.text_column, "text"
+        return source.text_column, "text" if source.chat is None else "chat"
     assert source.token_column is not None
     return source.token_column, "tokens"

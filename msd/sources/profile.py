@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from msd.recipe.schema import Source
+from msd.sources.chat_rows import tokenize_of
 from msd.sources.fuse import Fuser, FuseSpec
 from msd.sources.image_rows import ImageRowReader
 from msd.sources.index import RowGroup, open_source
 from msd.sources.read import RowGroupReader
-from msd.sources.transforms import Ids, make_transform
+from msd.sources.transforms import Ids
 from msd.sources.vision import ImageGeometry
 
 
@@ -49,12 +50,12 @@ def profile_source(
     tokenizing) and tokenize them as a loader would; an image source's images are decoded too
     (``fusing``: how its samples are made; decoding is most of what it costs)."""
     index = open_source(spec, where)
-    tokenize = make_transform(spec.transform, index.column_kind)
+    tokenize = tokenize_of(spec, index.column_kind)
     reader = RowGroupReader()
     if index.has_images:
         images = ImageRowReader(spec, index, reader)
         fusing = fusing or FuseSpec(ImageGeometry(), 0, "<image>", 1 << 30)
-        fuser = Fuser.of_source(spec.transform, index.column_kind, fusing, False)
+        fuser = Fuser.of_source(spec, index.column_kind, fusing, False)
 
         def read(rg: RowGroup) -> pa.Array:
             return images.read(rg)

@@ -49,7 +49,7 @@ _EMPTY.setflags(write=False)  # shared by every empty row
 
 
 def make_transform(
-    transform: Transform, column_kind: Literal["text", "tokens"], documents: bool = True
+    transform: Transform, column_kind: Literal["text", "tokens", "chat"], documents: bool = True
 ) -> Tokenize:
     """The `Tokenize` for ``transform`` applied to a column of ``column_kind``: each row a
     document with its ``bos``/``eos`` (``documents``), or a piece of one, without them."""
@@ -65,7 +65,12 @@ def boundaries(transform: Transform) -> tuple[int | None, int | None]:
     return _token_id(transform, "bos"), _token_id(transform, "eos")
 
 
-def _plain(transform: Transform, column_kind: Literal["text", "tokens"]) -> Tokenize:
+def _plain(transform: Transform, column_kind: Literal["text", "tokens", "chat"]) -> Tokenize:
+    if column_kind == "chat":
+        raise SourceError(
+            "a column of conversations is rendered with its source's chat template, not a "
+            "transform alone; give the source a chat section"
+        )
     if transform.kind == "bytes":
         return text_bytes if column_kind == "text" else token_lists
     if transform.kind == "tokenizer":
@@ -108,7 +113,7 @@ def _token_id(transform: Transform, which: Literal["bos", "eos"]) -> int | None:
             f"transform.{which} {value!r} names a token, which only a tokenizer transform has; "
             "give an id instead"
         )
-    found = _load_tokenizer(transform.path).token_to_id(value)
+    found = load_tokenizer(transform.path).token_to_id(value)
     if found is None:
         raise SourceError(
             f"transform.{which}: the tokenizer '{transform.path}' has no token {value!r}; name "
@@ -206,7 +211,7 @@ def _text_cells(array: pa.Array) -> list[str | None]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_tokenizer(path: str | None) -> Any:
+def load_tokenizer(path: str | None) -> Any:
     """The ``tokenizers.Tokenizer`` of ``path`` (loaded once a process)."""
     if not path:
         raise SourceError("transform kind 'tokenizer' needs a path to a tokenizer.json")
@@ -222,7 +227,7 @@ def _load_tokenizer(path: str | None) -> Any:
 
 
 def _tokenizer(path: str | None) -> Tokenize:
-    tokenizer = _load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
 
     def tokenize(array: pa.Array) -> list[Ids]:
         encodings = tokenizer.encode_batch(_strings(array), add_special_tokens=False)

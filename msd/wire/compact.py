@@ -10,7 +10,9 @@ A packed batch has three tensors of one int64 per token (``input_ids``, ``labels
   (ignored or not) and the few labels that are not the next token on the wire (at the end of a
   context-parallel chunk) as positions and values;
 * ``position_ids`` count up by one within a sequence: they travel as where each run starts and
-  its first value.
+  its first value;
+* ``loss_mask`` (a conversation job's: ``labels != -100``) travels as nothing: it is the labels'
+  ignored bit, negated.
 
 `encode` turns a batch into frames and `decode` turns them back; ``decode(encode(batch))`` is the
 batch, byte for byte, whatever the batch holds (nothing here assumes how it was packed: a value
@@ -32,6 +34,7 @@ IGNORE_INDEX = -100  # msd.pack's; kept here so the wire does not depend on pack
 
 # Frame names: a tensor travels as itself (perhaps narrowed), or as parts named NAME/PART.
 LABEL_PARTS = ("labels/ignored", "labels/at", "labels/values")
+LOSS_MASK = "loss_mask"  # carried by LABEL_PARTS[0], the labels' ignored bits
 POSITION_PARTS = ("position_ids/at", "position_ids/values")
 NARROW_TYPES = (np.uint8, np.uint16, np.uint32, np.int32)
 _RANGES = tuple((np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in NARROW_TYPES)
@@ -59,6 +62,9 @@ def encode(batch: Arrays, names: Iterable[str]) -> dict[str, np.ndarray]:
         if name == "labels" and "input_ids" in batch:
             frames.setdefault("input_ids", narrowed(batch["input_ids"]))
             frames.update(_labels(batch["labels"], batch["input_ids"]))
+        elif name == LOSS_MASK and "labels" in batch and "input_ids" in batch:
+            if LABEL_PARTS[0] not in frames:
+                frames.update(_labels(batch["labels"], batch["input_ids"]))
         elif name == "position_ids":
             frames.update(_positions(batch["position_ids"]))
         elif name not in frames:
@@ -74,6 +80,8 @@ def carried_by(names: Iterable[str], frames: Arrays) -> list[str]:
     for name in names:
         if name == "labels" and "labels" not in frames:
             wanted |= dict.fromkeys(("input_ids", *LABEL_PARTS))
+        elif name == LOSS_MASK and LOSS_MASK not in frames:
+            wanted[LABEL_PARTS[0]] = None
         elif name == "position_ids" and "position_ids" not in frames:
             wanted |= dict.fromkeys(POSITION_PARTS)
         else:
@@ -124,6 +132,9 @@ def decode(frames: Arrays, shapes: Shapes) -> dict[str, np.ndarray]:
             tensor = frames[name].astype(dtype)  # a copy: the frame goes back to the socket
         elif name == "labels":
             tensor = _decode_labels(frames, dtype)
+        elif name == LOSS_MASK:
+            ignored = np.unpackbits(frames[LABEL_PARTS[0]], count=math.prod(shape)).view(bool)
+            tensor = (~ignored).astype(dtype)
         else:
             tensor = _decode_positions(frames, dtype, math.prod(shape))
         out[name] = tensor.reshape(shape)
@@ -139,6 +150,8 @@ def check(frames: Arrays, shapes: Shapes) -> None:
             _check_widening(frames[name], dtype, name, size)
         elif name == "labels":
             _check_labels(frames, size)
+        elif name == LOSS_MASK:
+            _check_loss_mask(frames, dtype, size)
         elif name == "position_ids":
             _check_positions(frames, size)
         else:
@@ -178,6 +191,14 @@ def _check_labels(frames: Arrays, n: int) -> None:
         raise ProtocolError("frames 'labels/at' and 'labels/values' do not match")
     if at.size and (int(at.min()) < 0 or int(at.max()) >= n):
         raise ProtocolError("frame 'labels/at' names a token outside the batch")
+
+
+def _check_loss_mask(frames: Arrays, dtype: str, n: int) -> None:
+    bits = _part(frames, LABEL_PARTS[0])
+    if bits.dtype != np.uint8 or bits.size != (n + 7) // 8:
+        raise ProtocolError(f"frame 'labels/ignored' has {bits.size} bytes for a mask of {n}")
+    if dtype != "bool":
+        raise ProtocolError(f"tensor 'loss_mask' is listed as {dtype}, not bool")
 
 
 def _check_positions(frames: Arrays, n: int) -> None:

@@ -9,6 +9,7 @@ The protocol version travels in ``Hello``; the Planner refuses a peer of another
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -18,9 +19,10 @@ import numpy as np
 from msd.control.views import StatusView
 from msd.errors import ProtocolError
 
+# 12: the tokens a loss is taken on (Payload.trained, Payload.spans); 11: Meta.frames;
 # 10: videos (Payload.videos, SourceLoad's video figures); 9: relayed payloads (Payload.to,
 # Welcome.index); 8: compact tokens
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -152,6 +154,10 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
 
     ``to``: relayed payloads (``msd.plan.fanout``) name, per sample, the Constructor it is for;
     empty when every sample is for the receiver.
+
+    ``trained``: per sample, how many spans of its tokens the loss is taken on (a conversation's
+    assistant turns), their ``[start, end)`` pairs back to back in ``spans``; empty when the
+    loss is taken on every token of every sample.
     """
 
     step: int
@@ -165,6 +171,8 @@ class Payload(_Msg, frozen=True, tag=int(Kind.PAYLOAD)):
     to: tuple[int, ...] = ()
     videos: tuple[int, ...] = ()
     video_rows: int = 1
+    trained: tuple[int, ...] = ()
+    spans: tuple[int, ...] = ()
 
 
 TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "int32"})
@@ -193,6 +201,16 @@ class PayloadLayout(msgspec.Struct, frozen=True):
             rows=np.cumsum(np.concatenate(([0], item_rows(msg, grids)))).tolist(),
             grids=grids,
         )
+
+
+def trained_spans(msg: Payload) -> list[np.ndarray] | None:
+    """Each sample's trained ``[start, end)`` spans as an int64 [k, 2] array; None when the
+    loss is taken on every token (``msg.trained`` empty)."""
+    if not msg.trained:
+        return None
+    flat = np.asarray(msg.spans, dtype=np.int64).reshape(-1, 2)
+    ends = np.cumsum((0, *msg.trained)).tolist()
+    return [flat[a:b] for a, b in itertools.pairwise(ends)]
 
 
 def item_rows(msg: Payload, grids: np.ndarray) -> np.ndarray:
@@ -662,6 +680,7 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
         raise ProtocolError(f"a payload has tokens of type {msg.token_dtype!r}")
     if buffers and buffers[0].nbytes != np.dtype(msg.token_dtype).itemsize * sum(msg.lengths):
         raise ProtocolError(f"a payload of {n} samples does not match its buffer")
+    _check_trained(msg)
     if not msg.images:
         if msg.grids or msg.videos:
             raise ProtocolError("a payload without images lists image grids")
@@ -683,6 +702,26 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
     size = int(np.sum(item_rows(msg, grids), dtype=np.float64)) * msg.patch_values
     if len(buffers) > 1 and buffers[1].nbytes != size:
         raise ProtocolError(f"a payload's images take {buffers[1].nbytes} bytes, expected {size}")
+
+
+def _check_trained(msg: Payload) -> None:
+    """Each sample's trained spans lie in its tokens, in order, apart."""
+    if not msg.trained:
+        if msg.spans:
+            raise ProtocolError("a payload lists trained spans without their counts")
+        return
+    n = len(msg.gpos)
+    if len(msg.trained) != n or min(msg.trained) < 0 or 2 * sum(msg.trained) != len(msg.spans):
+        raise ProtocolError(
+            f"a payload of {n} samples counts {len(msg.trained)} samples' trained spans and lists "
+            f"{len(msg.spans)} span bounds"
+        )
+    at = 0
+    for count, length in zip(msg.trained, msg.lengths, strict=True):
+        bounds = msg.spans[at : at + 2 * count]
+        at += 2 * count
+        if any(b > c for b, c in itertools.pairwise((0, *bounds, length))):
+            raise ProtocolError("a payload's trained spans are not ordered within their samples")
 
 
 def _check_meta(msg: Meta) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from msd.wire.protocol import Payload, PayloadLayout
+from msd.wire.protocol import Payload, PayloadLayout, trained_spans
 
 Part = tuple[Payload, list[Any]]  # a payload and its buffers
 
@@ -40,6 +40,13 @@ def _subset(msg: Payload, buffers: list[Any], idx: list[int]) -> Part:
         lengths=tuple(msg.lengths[i] for i in idx),
         to=tuple(msg.to[i] for i in idx),
     )
+    spans = trained_spans(msg)
+    if spans is not None:
+        part = msgspec.structs.replace(
+            part,
+            trained=tuple(msg.trained[i] for i in idx),
+            spans=tuple(int(b) for i in idx for b in spans[i].reshape(-1)),
+        )
     kept = [tokens[bounds[i] : bounds[i + 1]] for i in idx]
     token_buffer = np.concatenate(kept) if kept else tokens[:0]
     if not msg.images:
@@ -52,6 +59,6 @@ def _subset(msg: Payload, buffers: list[Any], idx: list[int]) -> Part:
         grids=tuple(n for span in images for k in span for n in msg.grids[3 * k : 3 * k + 3]),
         videos=tuple(msg.videos[k] for span in images for k in span) if msg.videos else (),
     )
-    spans = [patches[rows[k] : rows[k + 1]] for span in images for k in span]
-    pixels = np.concatenate(spans) if spans else patches[:0]
+    kept_patches = [patches[rows[k] : rows[k + 1]] for span in images for k in span]
+    pixels = np.concatenate(kept_patches) if kept_patches else patches[:0]
     return part, [token_buffer, pixels]

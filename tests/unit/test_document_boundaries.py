@@ -15,7 +15,7 @@ from PIL import Image
 
 from msd.errors import SourceError
 from msd.recipe.hints import missing_eos
-from msd.recipe.schema import Recipe, Transform, stream_fingerprint
+from msd.recipe.schema import Recipe, Source, Transform, stream_fingerprint
 from msd.sources.fuse import Fuser, FuseSpec
 from msd.sources.image_rows import rows_of
 from msd.sources.transforms import boundaries, make_transform
@@ -65,8 +65,8 @@ def _png() -> bytes:
 
 def test_an_image_sample_is_framed_whole_and_its_images_keep_their_place() -> None:
     spec = FuseSpec(ImageGeometry(), 9999, "<image>", 1 << 20)
-    framed = Fuser.of_source(Transform(bos=BOS, eos=EOS), "text", spec, False)
-    plain = Fuser.of_source(Transform(), "text", spec, False)
+    framed = Fuser.of_source(_source(Transform(bos=BOS, eos=EOS)), "text", spec, False)
+    plain = Fuser.of_source(_source(Transform()), "text", spec, False)
     rows = rows_of(
         pa.array([b"a <image> b", b"", None], pa.large_binary()),
         pa.array([[_png()], [], [_png()]], pa.list_(pa.large_binary())),
@@ -77,6 +77,10 @@ def test_an_image_sample_is_framed_whole_and_its_images_keep_their_place() -> No
     assert empty.tolist() == []  # no text, no image: no document
     assert image_only.tolist() == [BOS, *image_plain.tolist(), EOS]
     assert np.count_nonzero(one == 9999) == np.count_nonzero(one_plain == 9999) > 0
+
+
+def _source(transform: Transform) -> Source:
+    return Source(name="s", path="p", weight=1.0, text_column="t", transform=transform)
 
 
 def _recipe(transform: dict[str, object]) -> Recipe:

@@ -41,8 +41,8 @@ sources:
 """
 SOURCE_KEYS = (
     "name, path, weight, format, text_column, token_column, image_column, image_exts, "
-    "video_column, video_exts, clip, transform, repeat, loaders, shadows, endpoint_url, anonymous, "
-    "group_rows"
+    "video_column, video_exts, clip, chat, transform, repeat, loaders, shadows, endpoint_url, "
+    "anonymous, group_rows"
 )
 TOP_KEYS = (
     "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "

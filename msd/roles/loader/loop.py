@@ -216,6 +216,19 @@ class Loader:
             lengths=tuple(len(t) for t in tokens),
             token_dtype=str(buffer.dtype),
         )
+        trained = [self.shards[source].trained.get(gpos) for source, gpos in keys]
+        if any(t is not None for t in trained):  # a conversation: its spans; a document: whole
+            spans = [
+                np.array([[0, len(ids)]] if len(ids) else np.zeros((0, 2)), np.int64)
+                if t is None
+                else t
+                for t, ids in zip(trained, tokens, strict=True)
+            ]
+            payload = msgspec.structs.replace(
+                payload,
+                trained=tuple(len(s) for s in spans),
+                spans=tuple(int(b) for s in spans for b in s.reshape(-1)),
+            )
         held = [p for p in pixels if p is not None]
         if not held:
             return payload, [buffer]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -23,12 +24,12 @@ from msd.recipe.schema import Recipe
 from msd.roles.loader.outage import Outage
 from msd.roles.loader.visit import Visit, cell_sizes, window_bytes
 from msd.sample import SampleImages
+from msd.sources.chat_rows import ChatRows, tokenize_of
 from msd.sources.fuse import Fuser, fuse_spec
 from msd.sources.image_rows import ImageRowReader, read_block, row_sizes
 from msd.sources.index import RowGroup, SourceIndex, open_source, source_key
 from msd.sources.read import RowGroupReader
 from msd.sources.storage import is_remote
-from msd.sources.transforms import make_transform
 from msd.wire import compact
 from msd.wire.protocol import (
     Meta,
@@ -120,15 +121,18 @@ class SourceShard:
             [rg.num_rows for rg in self.src.row_groups], recipe.loader.block_row_groups
         )
         self.key = source_key(spec.name)
-        self.tokenize = make_transform(spec.transform, self.src.column_kind)
+        self.tokenize = tokenize_of(spec, self.src.column_kind)
+        self.chat = self.tokenize if isinstance(self.tokenize, ChatRows) else None
         self.images: ImageRowReader | None = None
         self.fuser: Fuser | None = None
         if self.src.has_images:
             self.images = ImageRowReader(spec, self.src, reader)
             fusing = fuse_spec(recipe, spec.has_videos, spec.clip)
             require_text = self.src.format == "webdataset"
-            self.fuser = Fuser.of_source(spec.transform, self.src.column_kind, fusing, require_text)
+            self.fuser = Fuser.of_source(spec, self.src.column_kind, fusing, require_text)
         self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
+        # of held conversations: the [start, end) spans of their tokens the loss is taken on
+        self.trained: dict[int, np.ndarray] = {}
         start, self.stop, self.stride = span
         self.next_v = None if start is None else start + self.index
         self.frozen = False
@@ -282,6 +286,9 @@ class SourceShard:
             self.held[gpos_start + offset] = t
             self.held_tokens += _held_cost(t)
             self.tokens_read += len(t)
+        for offset, spans in enumerate(self._trained_of_last()):
+            if spans is not None:
+                self.trained[gpos_start + offset] = spans
         self.samples_read += len(tokens)
         images: tuple[int, ...] = ()
         patches: tuple[int, ...] = ()
@@ -317,6 +324,15 @@ class SourceShard:
             frames=frames,
         )
 
+    def _trained_of_last(self) -> list[np.ndarray | None]:
+        """The trained spans of the samples the last chunk gave (conversations: None where the
+        loss is taken on every token)."""
+        if self.fuser is not None and self.fuser.chat is not None:
+            return self.fuser.trained
+        if self.chat is not None:
+            return list(self.chat.trained)
+        return []
+
     def _image_rows(self, tokens: np.ndarray, images: SampleImages) -> list[int]:
         """The piece each image lies in once the Planner cuts the sample into rows."""
         seq_len, vision = self.recipe.seq_len, self.recipe.vision
@@ -336,14 +352,22 @@ class SourceShard:
             errors=self.retries,
             busy_s=self.busy_s,
             images_read=0 if self.fuser is None else self.fuser.images_read,
-            skipped=() if self.fuser is None else tuple(sorted(self.fuser.skips.items())),
+            skipped=tuple(sorted(self._skips().items())),
             videos_read=0 if self.fuser is None else self.fuser.videos_read,
             video_s=0.0 if self.fuser is None else self.fuser.video_cost.seconds,
             video_cpu_s=0.0 if self.fuser is None else self.fuser.video_cost.cpu_s,
         )
 
+    def _skips(self) -> Counter[str]:
+        """What was left out as it was read, by reason: images, videos, conversations."""
+        found: Counter[str] = Counter()
+        for counts in (self.fuser.skips if self.fuser else None, self.chat and self.chat.skips):
+            found.update(counts or {})
+        return found
+
     def forget(self, gpos: int) -> None:
         self.held_tokens -= _held_cost(self.held.pop(gpos))
+        self.trained.pop(gpos, None)
         images = self.pixels.pop(gpos, None)
         if images is not None:
             self.held_bytes -= images.patches.nbytes

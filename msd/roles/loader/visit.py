@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from msd.sources.formats.base import is_text
 from msd.sources.image_rows import row_sizes
 
 # Of an open block, a loader holds a window of at most this much text (in visiting order)...
@@ -23,14 +24,37 @@ MIN_WINDOW_BYTES = 128 * 1024
 
 
 def cell_sizes(column: pa.Array) -> np.ndarray:
-    """Bytes (text) or ids (token lists) of each cell: what tokenizing it will cost."""
+    """Bytes (text) or ids (token lists) of each cell: what tokenizing it will cost; of a
+    conversation (a list of messages), the bytes of its strings."""
     if pa.types.is_struct(column.type):
         return row_sizes(column)
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        if not pa.types.is_integer(column.type.value_type):
+            return nested_bytes(column)
         sizes = pc.list_value_length(column)
     else:
         sizes = pc.binary_length(column)
     return np.asarray(sizes.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def nested_bytes(array: pa.Array) -> np.ndarray:
+    """Bytes of the strings inside each element of ``array`` (lists and structs of them), and
+    8 a value of anything else."""
+    typ = array.type
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        inner = nested_bytes(array.flatten())
+        owner = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        return np.bincount(owner, inner.astype(np.float64), minlength=len(array)).astype(np.int64)
+    if pa.types.is_struct(typ):
+        total = np.zeros(len(array), dtype=np.int64)
+        for field in array.flatten():
+            total += nested_bytes(field)
+        return total
+    if is_text(typ):
+        return np.asarray(
+            pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64
+        )
+    return np.full(len(array), 8, dtype=np.int64)
 
 
 def window_bytes(budget_tokens: int) -> int:

@@ -26,7 +26,9 @@ from msd.recipe.schema import Source
 from msd.sources import storage
 from msd.sources.storage import Store
 
-ColumnKind = Literal["text", "tokens"]
+# What a source's column holds: text, token id lists, or conversations (a list of messages in
+# the file's own types, or its JSON: msd.sources.chat reads either).
+ColumnKind = Literal["text", "tokens", "chat"]
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,9 @@ def listed_key(found: storage.Listed, store: Store = storage.LOCAL) -> str:
 def check_column(
     source: Source, key: str, path: str, schema: pa.Schema, column: str, kind: ColumnKind
 ) -> None:
-    """``column`` is in ``schema`` and holds text (``kind`` text) or integer lists (tokens)."""
-    field_key = f"{key}.{'text_column' if kind == 'text' else 'token_column'}"
+    """``column`` is in ``schema`` and holds text (``kind`` text), integer lists (tokens), or
+    conversations (chat: lists, or their JSON as text)."""
+    field_key = f"{key}.{'token_column' if kind == 'tokens' else 'text_column'}"
     where = f"source '{source.name}' ({field_key}): '{path}'"
     if schema.get_field_index(column) < 0:
         names = ", ".join(schema.names) or "none"
@@ -149,6 +152,12 @@ def check_column(
     if kind == "tokens" and not is_tokens(typ):
         raise SourceError(
             f"{where} column '{column}' is {typ}, not a list of integers; use text_column for text"
+        )
+    listed = pa.types.is_list(typ) or pa.types.is_large_list(typ)
+    if kind == "chat" and not (is_text(typ) or listed):
+        raise SourceError(
+            f"{where} column '{column}' is {typ}, not a list of messages or their JSON; name "
+            "the column that holds each row's conversation"
         )
 
 

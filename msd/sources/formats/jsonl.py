@@ -151,7 +151,7 @@ class JsonlFormat:
     ) -> FileIndex:
         """Scan ``path`` once (then read the cached scan); a file none of whose lines can be
         used is refused, since that is a wrong column or not JSON Lines at all."""
-        field_key = f"{key}.{'text_column' if kind == 'text' else 'token_column'}"
+        field_key = f"{key}.{'token_column' if kind == 'tokens' else 'text_column'}"
         if not _valid_key_path(column):
             raise SourceError(
                 f"source '{source.name}' ({field_key}): '{column}' is not a key path; "
@@ -161,8 +161,8 @@ class JsonlFormat:
         index = load_index(path, column, kind, where=where, store=store_of(source))
         if index.num_groups == 0 and index.problems:
             where = f"source '{source.name}' ({field_key})"
-            what = "a string" if kind == "text" else "a list of integers"
-            other = "token_column for token lists" if kind == "text" else "text_column for text"
+            what = {"text": "a string", "tokens": "a list of integers", "chat": "a value"}[kind]
+            other = "token_column for token lists" if kind != "tokens" else "text_column for text"
             raise SourceError(
                 f"{where}: no line of '{path}' holds {what} at '{column}' ({index.problems[0]}); "
                 f"check the key path, use {other}, or fix or remove the file"
@@ -582,7 +582,7 @@ class _Lines:
     def _wrong_type(self, message: str) -> str:
         if message.startswith("Expected `object`, got") and " - at " not in message:
             return f"not a JSON object ({_lower(message)})"
-        what = "a string" if self.kind == "text" else "a list of integers"
+        what = {"text": "a string", "tokens": "a list of integers", "chat": "JSON"}[self.kind]
         return f"'{self.column}' is not {what} ({_lower(message)})"
 
     def _leave_out(self, problem: str) -> None:
@@ -701,8 +701,8 @@ def _decoder(column: str, kind: ColumnKind) -> tuple[msgspec.json.Decoder[Any], 
     """A decoder of a line that keeps only the value at ``column`` (other keys are checked as
     JSON but not built), and how many levels it nests."""
     keys = column.split(".")
-    leaf: Any = str if kind == "text" else list[_Int64]
-    typ: Any = leaf | None
+    leaf: Any = {"text": str, "tokens": list[_Int64], "chat": msgspec.Raw}[kind]
+    typ: Any = leaf if kind == "chat" else leaf | None  # a Raw holds a null as it is
     for depth, key in enumerate(reversed(keys)):
         level = msgspec.defstruct(f"_Level{depth}", [("v", typ, None)], rename={"v": key})
         typ = level | None if depth < len(keys) - 1 else level
@@ -883,6 +883,9 @@ def _cells(
             ) from exc
     if index.kind == "text":
         return pa.array(values, type=pa.large_string() if large else pa.string())
+    if index.kind == "chat":  # each value's JSON as it is in the line (null: a null cell)
+        raw = [None if v is None or bytes(v) == b"null" else bytes(v) for v in values]
+        return pa.array(raw, type=pa.large_binary())
     return pa.array(values, type=pa.list_(pa.int64()))
 
 

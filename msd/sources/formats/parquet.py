@@ -52,7 +52,7 @@ class ParquetFormat:
         if source.video_column is not None:
             check_image_column(source, key, path, schema, "video_column")
         rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-        return FileIndex(rows, kind == "tokens" or may_hold_text(meta, column))
+        return FileIndex(rows, kind != "text" or may_hold_text(meta, column))
 
     def open(
         self,
