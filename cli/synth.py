@@ -8,6 +8,7 @@ import typer
 
 from msd.synth import synth as write_demo_sources
 from msd.synth import train_tokenizer
+from msd.synth_chat import DEFAULT_CONVERSATIONS, TOKENIZER_DIR, write_chat_sources
 from msd.synth_video import DEFAULT_VIDEOS, write_video_sources
 from msd.synth_vlm import DEFAULT_SAMPLES, write_vlm_sources
 
@@ -16,11 +17,12 @@ from .common import console, user_errors
 
 class Kind(str, Enum):
     """What ``msd synth`` writes: text sources, image-text sources beside them, or video-text
-    sources beside both."""
+    sources beside both; or conversations beside the text sources."""
 
     text = "text"
     vlm = "vlm"
     video = "video"
+    chat = "chat"
 
 
 @user_errors
@@ -31,7 +33,8 @@ def synth(
         Kind,
         typer.Option(
             help="text: Parquet text sources; vlm: image-text sources too; video: video-text "
-            "sources as well."
+            "sources as well; chat: conversation sources (and their tokenizer and chat "
+            "template) beside the text sources."
         ),
     ] = Kind.text,
     samples: Annotated[
@@ -39,7 +42,8 @@ def synth(
         typer.Option(
             min=1,
             help="Samples per image-text source with --kind vlm or video; "
-            f"{DEFAULT_SAMPLES} if unset.",
+            f"{DEFAULT_SAMPLES} if unset (conversations per source with --kind chat; "
+            f"{DEFAULT_CONVERSATIONS}).",
         ),
     ] = None,
     videos: Annotated[
@@ -53,7 +57,7 @@ def synth(
     images and videos with --kind video)."""
     if samples is not None and kind is Kind.text:
         raise typer.BadParameter(
-            "only --kind vlm or video writes image samples", param_hint="--samples"
+            "only --kind vlm, video or chat writes such samples", param_hint="--samples"
         )
     if videos is not None and kind is not Kind.video:
         raise typer.BadParameter("only --kind video writes videos", param_hint="--videos")
@@ -62,7 +66,15 @@ def synth(
     sources = sorted({f.parent.name for f in files})
     console.print(f"wrote {len(files)} files for sources {', '.join(sources)} under {directory}")
     console.print(f"wrote a BPE tokenizer trained on them: {tokenizer}")
-    if kind is not Kind.text:
+    if kind is Kind.chat:
+        count = DEFAULT_CONVERSATIONS if samples is None else samples
+        for c in write_chat_sources(directory, seed=seed, conversations=count):
+            console.print(
+                f"wrote {c.name}: {c.conversations} conversations, {c.bytes / 1e6:.1f} MB in "
+                f"{len(c.files)} files"
+            )
+        console.print(f"wrote their tokenizer and chat template: {directory / TOKENIZER_DIR}")
+    elif kind is not Kind.text:
         count = DEFAULT_SAMPLES if samples is None else samples
         for s in write_vlm_sources(directory, seed=seed, samples=count):
             console.print(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from msd.synth import synth, train_tokenizer
+from msd.synth_chat import write_chat_sources
 from msd.synth_video import write_video_sources
 from msd.synth_vlm import write_vlm_sources
 from tests.conftest import SMALL_SOURCES, run_msd
@@ -16,9 +17,9 @@ RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"
 
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder with `demo-data/`, `demo-vlm/` and `demo-video/` as `msd synth demo-data`,
-    `msd synth demo-vlm --kind vlm` and `msd synth demo-video --kind video` lay them out
-    (smaller sources)."""
+    """A folder with `demo-data/`, `demo-vlm/`, `demo-video/` and `demo-chat/` as `msd synth
+    demo-data`, `msd synth demo-vlm --kind vlm`, `msd synth demo-video --kind video` and `msd
+    synth demo-chat --kind chat` lay them out (smaller sources)."""
     root = tmp_path_factory.mktemp("ready")
     synth(root / "demo-data", SMALL_SOURCES, seed=3, files_per_source=2, rows_per_row_group=32)
     train_tokenizer(root / "demo-data", SMALL_SOURCES, vocab_size=300, rows=50)
@@ -27,6 +28,8 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     synth(root / "demo-video", SMALL_SOURCES, seed=3, files_per_source=1, rows_per_row_group=32)
     write_vlm_sources(root / "demo-video", seed=3, samples=4, files_per_source=1)
     write_video_sources(root / "demo-video", seed=3, videos=2, files_per_source=1)
+    synth(root / "demo-chat", SMALL_SOURCES, seed=3, files_per_source=1, rows_per_row_group=32)
+    write_chat_sources(root / "demo-chat", seed=3, conversations=8, files=1)
     return root
 
 
