@@ -66,7 +66,7 @@ def validate(
         line = f"and {len(rest):,} more sources: {files:,} files, {rows_left:,} rows (--all)"
         console.print(Text(line, "dim"))
     for s in summaries:
-        found = [s.left_out_warning(), *s.video_warnings()]
+        found = [s.left_out_warning(), *s.video_warnings(), *s.conversation_warnings()]
         for warning in (w for w in found if w is not None):
             line = f"[bold yellow]warning:[/] {warning}"
             err_console.print(line, highlight=False, soft_wrap=True)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from msd.errors import RecipeError, SourceError
 from msd.plan.cost import load_cost_function
 from msd.recipe.load import line_of
-from msd.recipe.schema import Recipe
+from msd.recipe.schema import Recipe, Source
 from msd.sources.chat_rows import tokenize_of
+from msd.sources.first_rows import first_rows_problems
 from msd.sources.first_video import first_video_problems
 from msd.sources.fuse import video_spec_of
 from msd.sources.index import SourceIndex, open_source
@@ -26,6 +27,7 @@ class SourceSummary:
     loaders: int | str
     left_out: tuple[str, ...] = ()  # what the files hold that no sample comes from, per file
     videos: tuple[str, ...] = ()  # files whose first video is unusable, or that hold none
+    conversations: tuple[str, ...] = ()  # files whose first rows hold a conversation left out
 
     def left_out_warning(self, shown: int = 3) -> str | None:
         """One sentence on what the source's files hold that is left out, or None."""
@@ -40,9 +42,18 @@ class SourceSummary:
     def video_warnings(self, shown: int = 5) -> list[str]:
         """A sentence for each of the first ``shown`` files whose first video is unusable or
         that hold no video, and one for how many more."""
-        more = len(self.videos) - shown
-        rest = f"and {more} more files of source '{self.name}' like these" if more > 0 else None
-        return list(self.videos[:shown]) + ([rest] if rest else [])
+        return _shown(self.name, self.videos, shown)
+
+    def conversation_warnings(self, shown: int = 5) -> list[str]:
+        """A sentence for each of the first ``shown`` files whose first rows hold a
+        conversation that is left out, and one for how many more."""
+        return _shown(self.name, self.conversations, shown)
+
+
+def _shown(name: str, problems: tuple[str, ...], shown: int) -> list[str]:
+    more = len(problems) - shown
+    rest = f"and {more} more files of source '{name}' like these" if more > 0 else None
+    return list(problems[:shown]) + ([rest] if rest else [])
 
 
 def check_sources(
@@ -53,17 +64,22 @@ def check_sources(
     """Open every source's files (footers only) and its transform; raise SourceError on the first
     problem, prefixed with the recipe file and line of that source when ``recipe_path`` is given.
     ``probe_videos``: read the header of each video source file's first video too (one video a
-    file; `msd.sources.first_video`)."""
+    file; `msd.sources.first_video`), and render each conversation source file's first rows
+    (`msd.sources.first_rows`)."""
     _check_cost_function(recipe, recipe_path)
     summaries = []
     for i, source in enumerate(recipe.sources):
         videos: tuple[str, ...] = ()
+        chats: tuple[str, ...] = ()
         try:
             index: SourceIndex = open_source(source, f"sources[{i}]")
             tokenize_of(source, index.column_kind)
             if probe_videos and source.has_videos:
                 spec = video_spec_of(recipe.video, recipe.vision)
                 videos = first_video_problems(source, index, f"sources[{i}]", spec)
+            if probe_videos and source.chat is not None:
+                markers = _markers(recipe, source)
+                chats = first_rows_problems(source, index, f"sources[{i}]", markers)
         except SourceError as e:
             if recipe_path is None:
                 raise
@@ -79,9 +95,17 @@ def check_sources(
                 source.loaders,
                 index.problems,
                 videos,
+                chats,
             )
         )
     return summaries
+
+
+def _markers(recipe: Recipe, source: Source) -> tuple[str, str]:
+    """The image and video markers a conversation of ``source`` is cut at ("": none)."""
+    if not source.has_images:
+        return "", ""
+    return recipe.vision.marker, recipe.video.marker if source.has_videos else ""
 
 
 def _check_cost_function(recipe: Recipe, recipe_path: str | os.PathLike[str] | None) -> None:

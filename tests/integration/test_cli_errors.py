@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,75 @@ def test_validate_fails_a_video_source_whose_files_hold_no_video(
     assert err.startswith("error: recipe.yaml:"), err
     for needle in needles:
         assert needle in err, (needle, err)
+
+
+def _chat_files(root: Path, first: list[Any]) -> dict[str, Any]:
+    """A conversation source of one Parquet file whose first rows are ``first`` and then good
+    conversations, with the demo's tokenizer and template."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from msd.synth_chat import TOKENIZER_DIR, write_chat_tokenizer
+
+    write_chat_tokenizer(root / TOKENIZER_DIR, ["hello there", "how are you", "fine thanks"])
+    good = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    (root / "chat").mkdir()
+    table = pa.table({"messages": [json.dumps(c) for c in [*first, *[good] * 4]]})
+    pq.write_table(table, root / "chat" / "a.parquet")
+    transform = {"kind": "tokenizer", "path": str(root / TOKENIZER_DIR / "tokenizer.json")}
+    return {
+        "name": "c",
+        "steps": 4,
+        "seq_len": 64,
+        "global_batch_tokens": 128,
+        "sources": [
+            {
+                "name": "chat",
+                "path": str(root / "chat" / "*.parquet"),
+                "text_column": "messages",
+                "transform": {**transform, "eos": "<|endoftext|>"},
+                "chat": {"template": str(root / TOKENIZER_DIR / "tokenizer_config.json")},
+                "weight": 1.0,
+            }
+        ],
+    }
+
+
+def test_validate_renders_each_conversation_files_first_rows(tmp_path: Path) -> None:
+    """A malformed conversation is data (left out, counted): a warning naming the file, the
+    row and the reason; no row that renders at all is a wrong column: an error."""
+    odd = [[{"role": "user", "content": "hi"}, {"role": "narrator", "content": "x"}]]
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(_chat_files(tmp_path, odd)))
+    result = msd("validate", "recipe.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = " ".join(result.stderr.split()).split("warning: ")[1:]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(
+        f"source 'chat' (sources[0]): '{tmp_path}/chat/a.parquet' row 0: its conversation is "
+        "left out (unknown role)"
+    ), warnings
+
+    recipe = _chat_files(tmp_path / "all-bad", ["not a conversation"] * 8)
+    (tmp_path / "all-bad" / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = msd("validate", "recipe.yaml", cwd=tmp_path / "all-bad")
+    err = " ".join(result.stderr.split())
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "sources[0].text_column" in err and "none of the first 8 rows" in err, err
+
+
+def test_validate_refuses_a_template_without_generation_blocks_for_assistant_loss(
+    tmp_path: Path,
+) -> None:
+    recipe = _chat_files(tmp_path, [])
+    recipe["sources"][0]["chat"]["template"] = (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    )
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = msd("validate", "recipe.yaml", cwd=tmp_path)
+    err = " ".join(result.stderr.split())
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert err.startswith("error: recipe.yaml:") and "{% generation %}" in err, err
+    assert "loss: all" in err
+    recipe["sources"][0]["chat"]["loss"] = "all"
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert msd("validate", "recipe.yaml", cwd=tmp_path).returncode == 0
