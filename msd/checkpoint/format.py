@@ -38,7 +38,9 @@ class Counters:
     ``empty``: samples delivered holding no tokens (null or empty text, or none after the
     transform): they take a position of the stream and no room in a row. ``images``: images
     delivered; ``skipped_images``: ``(source, images)`` of delivered samples left out
-    (undecodable, no bytes, unpaired, past ``seq_len``), sorted, no zeros."""
+    (undecodable, no bytes, unpaired, past ``seq_len``), sorted, no zeros. ``trained``:
+    ``(source, tokens)`` of delivered tokens the loss is taken on (a conversation's assistant
+    turns; every token of other samples), sorted, no zeros."""
 
     split: int = 0
     truncated: int = 0
@@ -47,6 +49,7 @@ class Counters:
     empty: int = 0
     images: int = 0
     skipped_images: tuple[tuple[int, int], ...] = ()
+    trained: tuple[tuple[int, int], ...] = ()
 
     def __add__(self, other: Counters) -> Counters:
         return Counters(
@@ -57,11 +60,12 @@ class Counters:
             self.empty + other.empty,
             self.images + other.images,
             _add_per_source(self.skipped_images, other.skipped_images),
+            _add_per_source(self.trained, other.trained),
         )
 
     def __bool__(self) -> bool:
         kept = (self.split, self.truncated, self.dropped, self.truncated_tokens, self.empty)
-        return any(kept) or bool(self.images or self.skipped_images)
+        return any(kept) or bool(self.images or self.skipped_images or self.trained)
 
     def per_source(self, num_sources: int) -> tuple[int, ...]:
         """The tokens truncation cut off, one entry per source."""
@@ -72,6 +76,11 @@ class Counters:
         """The images left out of delivered samples, one entry per source."""
         skipped = dict(self.skipped_images)
         return tuple(skipped.get(s, 0) for s in range(num_sources))
+
+    def trained_per_source(self, num_sources: int) -> tuple[int, ...]:
+        """The delivered tokens the loss is taken on, one entry per source."""
+        trained = dict(self.trained)
+        return tuple(trained.get(s, 0) for s in range(num_sources))
 
     def as_json(self) -> dict[str, Any]:
         doc = {
@@ -86,6 +95,8 @@ class Counters:
             doc["images"] = self.images
         if self.skipped_images:
             doc["skipped_images"] = [list(t) for t in self.skipped_images]
+        if self.trained:
+            doc["trained"] = [list(t) for t in self.trained]
         return doc
 
     @staticmethod
@@ -96,6 +107,7 @@ class Counters:
         lost = tuple(sorted((int(s), int(n)) for s, n in doc.get("truncated_tokens", ())))
         empty = int(doc.get("empty", 0))
         skipped = tuple(sorted((int(s), int(n)) for s, n in doc.get("skipped_images", ())))
+        trained = tuple(sorted((int(s), int(n)) for s, n in doc.get("trained", ())))
         return Counters(
             int(doc["split"]),
             int(doc["truncated"]),
@@ -104,6 +116,7 @@ class Counters:
             empty,
             int(doc.get("images", 0)),
             skipped,
+            trained,
         )
 
 

@@ -24,6 +24,7 @@ Sources
     msd_source_loaders{source}           gauge      loader processes serving the source
     msd_source_errors_total{source}      counter    reads retried (object stores)
     msd_source_skipped_images_total{source}  counter  images of consumed samples left out
+    msd_source_trained_tokens_total{source}  counter  their tokens the loss is taken on
 Loaders and constructors
     msd_loader_cpu_seconds_total{loader}             counter  CPU time used
     msd_loader_pss_bytes{loader}                     gauge    proportional set size
@@ -143,6 +144,12 @@ _SOURCE: _Table[SourceView] = (
         "msd_source_skipped_images",
         "Images of consumed samples left out (undecodable, no bytes, ...).",
         lambda s: s.skipped_images,
+    ),
+    (
+        C,
+        "msd_source_trained_tokens",
+        "Tokens of those samples the loss is taken on.",
+        lambda s: s.trained_tokens,
     ),
 )
 _LOADER: _Table[LoaderView] = (

@@ -152,6 +152,7 @@ class JobObserver:
         counts: dict[str, int],
         planner_pid: int,
         skipped_images: tuple[int, ...] = (),
+        trained_tokens: tuple[int, ...] = (),
         now: float | None = None,
         rejected: dict[str, int] | None = None,
     ) -> StatusView:
@@ -179,6 +180,7 @@ class JobObserver:
             dt,
             per_source,
             skipped_images or (0,) * len(self.source_names),
+            trained_tokens or (0,) * len(self.source_names),
         )
         media = _media(loader_roles)
         sources = tuple(
@@ -278,6 +280,7 @@ def _source_views(
     dt: float,
     per_source: tuple[list[int], ...],
     skipped_images: tuple[int, ...],
+    trained_tokens: tuple[int, ...],
 ) -> tuple[SourceView, ...]:
     """A row per source; the arithmetic done a column at a time (a job may have thousands)."""
     norm = sum(weights) or 1.0
@@ -302,6 +305,7 @@ def _source_views(
         held_tokens,
         errors,
         skipped_images,
+        trained_tokens,
         strict=True,
     )
     return tuple(
@@ -317,8 +321,22 @@ def _source_views(
             queue_tokens=queued_tokens,
             errors=e,
             skipped_images=skipped,
+            trained_tokens=trained,
         )
-        for (name, share, sps, tps, n, t, loaders, queued, queued_tokens, e, skipped) in columns
+        for (
+            name,
+            share,
+            sps,
+            tps,
+            n,
+            t,
+            loaders,
+            queued,
+            queued_tokens,
+            e,
+            skipped,
+            trained,
+        ) in columns
     )
 
 

@@ -34,6 +34,9 @@ class SourceView(msgspec.Struct, frozen=True, kw_only=True):
     queue_tokens: int
     errors: int
     skipped_images: int = 0  # images of delivered samples left out (undecodable, no bytes, ...)
+    # tokens of delivered samples the loss is taken on (a conversation's trained turns; every
+    # token of other samples)
+    trained_tokens: int = 0
     # What the running loaders of an image or video source left out as they read, by reason
     # (e.g. "videos undecodable (truncated)"), and the videos they decoded: how many, their
     # seconds, and the CPU seconds the decodes took.

@@ -287,6 +287,9 @@ def summary(status: Status) -> dict[str, Any]:
         "skipped_images_by_source": {
             n: k for n, k in zip(status.source_names, status.skipped_images, strict=False) if k
         },
+        "trained_tokens_by_source": {
+            n: k for n, k in zip(status.source_names, status.trained_tokens, strict=False)
+        },
         "left_out_by_source": {
             v.name: dict(sorted(v.left_out.items())) for v in sources if v.left_out
         },

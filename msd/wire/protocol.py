@@ -119,6 +119,10 @@ class Meta(_Msg, frozen=True, tag=int(Kind.META)):
     # multiples of seq_len, never inside an image); empty when no sample is split
     image_rows: tuple[int, ...] = ()
     frames: tuple[int, ...] = ()
+    # per sample of a conversation source: how many [start, end) spans of its tokens the loss is
+    # taken on, the spans back to back in ``spans`` (empty: every token of every sample)
+    trained: tuple[int, ...] = ()
+    spans: tuple[int, ...] = ()
 
 
 class Route(_Msg, frozen=True, tag=int(Kind.ROUTE)):
@@ -203,7 +207,7 @@ class PayloadLayout(msgspec.Struct, frozen=True):
         )
 
 
-def trained_spans(msg: Payload) -> list[np.ndarray] | None:
+def trained_spans(msg: Payload | Meta) -> list[np.ndarray] | None:
     """Each sample's trained ``[start, end)`` spans as an int64 [k, 2] array; None when the
     loss is taken on every token (``msg.trained`` empty)."""
     if not msg.trained:
@@ -355,6 +359,7 @@ class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
     empty: int = 0  # samples delivered holding no tokens (null or empty text)
     images: int = 0  # images delivered
     skipped_images: tuple[int, ...] = ()  # per source: images of delivered samples left out
+    trained_tokens: tuple[int, ...] = ()  # per source: tokens of delivered samples trained on
 
 
 class SourceLoad(msgspec.Struct, frozen=True, array_like=True):
@@ -704,16 +709,17 @@ def _check_payload(msg: Payload, buffers: list[memoryview]) -> None:
         raise ProtocolError(f"a payload's images take {buffers[1].nbytes} bytes, expected {size}")
 
 
-def _check_trained(msg: Payload) -> None:
+def _check_trained(msg: Payload | Meta) -> None:
     """Each sample's trained spans lie in its tokens, in order, apart."""
+    what = type(msg).__name__.lower()
     if not msg.trained:
         if msg.spans:
-            raise ProtocolError("a payload lists trained spans without their counts")
+            raise ProtocolError(f"a {what} lists trained spans without their counts")
         return
-    n = len(msg.gpos)
+    n = len(msg.lengths)
     if len(msg.trained) != n or min(msg.trained) < 0 or 2 * sum(msg.trained) != len(msg.spans):
         raise ProtocolError(
-            f"a payload of {n} samples counts {len(msg.trained)} samples' trained spans and lists "
+            f"a {what} of {n} samples counts {len(msg.trained)} samples' trained spans and lists "
             f"{len(msg.spans)} span bounds"
         )
     at = 0
@@ -721,13 +727,14 @@ def _check_trained(msg: Payload) -> None:
         bounds = msg.spans[at : at + 2 * count]
         at += 2 * count
         if any(b > c for b, c in itertools.pairwise((0, *bounds, length))):
-            raise ProtocolError("a payload's trained spans are not ordered within their samples")
+            raise ProtocolError(f"a {what}'s trained spans are not ordered within their samples")
 
 
 def _check_meta(msg: Meta) -> None:
     n = len(msg.lengths)
     if len(msg.sample_ids) != n or min((*msg.lengths, *msg.sample_ids, msg.gpos_start, 0)) < 0:
         raise ProtocolError(f"a Meta of {n} lengths has {len(msg.sample_ids)} ids, or one below 0")
+    _check_trained(msg)
     if msg.images or msg.patches:
         if len(msg.images) != n or min(msg.images) < 0 or len(msg.patches) != sum(msg.images):
             raise ProtocolError(

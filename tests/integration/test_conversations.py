@@ -237,6 +237,15 @@ def test_every_conversation_is_transformers_rendering_trained_where_it_says(
     assert checked == 2 * CONVERSATIONS - left_out
     split = [k for k, v in expected.items() if v is not None and len(got[k]) > 1]
     assert split, "no conversation was split: the split case is not checked"
+    # What the loss sees, per source: a conversation's trained tokens, every token of a document.
+    trained = summary["trained_tokens_by_source"]
+    for source, name in ((MESSAGES, "messages"), (SHAREGPT, "sharegpt")):
+        masks = [ref[1] for (s, _), ref in expected.items() if s == source and ref is not None]
+        assert trained[name] == sum(sum(m) for m in masks) > 0, name
+    assert trained["docs"] == sum(len(p[1]) for i in range(60) for p in got[(DOCS, i)])
+    assert (
+        0 < trained["llava"] < sum(len(p[1]) for (s, _), v in got.items() if s == LLAVA for p in v)
+    )
     for i in range(60):  # documents: every next token trained but across pieces
         for _, own, labels, _ in got[(DOCS, i)]:
             assert labels[:-1].tolist() == own[1:].tolist()

@@ -260,7 +260,7 @@ def test_the_module_docstring_lists_exactly_the_exposed_metrics(server):
     exposed = {name + "_total" if fam.type == "counter" else name for name, fam in f.items()}
     documented = set(re.findall(r"^\s+(msd_\w+)", metrics_module.__doc__, re.MULTILINE))
     assert exposed == documented
-    assert sum(fam.type == "counter" for fam in f.values()) == 15
+    assert sum(fam.type == "counter" for fam in f.values()) == 16
 
 
 def test_rejected_messages_are_counted_by_role_and_reason(server):

@@ -122,3 +122,40 @@ def test_torch_builds_the_loss_mask_numpy_decodes() -> None:
     built = device.build({n: device.host_frame(f, pin=False) for n, f in frames.items()}, shapes)
     assert built["loss_mask"].numpy().tobytes() == packed["loss_mask"].tobytes()
     assert built["labels"].numpy().tobytes() == packed["labels"].tobytes()
+
+
+def test_a_meta_carries_trained_spans_checked_as_a_payloads_are() -> None:
+    from msd.wire.protocol import Meta
+
+    meta = Meta(
+        source=0,
+        gpos_start=3,
+        lengths=(6, 3),
+        sample_ids=(1, 2),
+        trained=(2, 1),
+        spans=(1, 2, 4, 6, 0, 3),
+    )
+    got, _ = decode(encode(meta))
+    spans = trained_spans(got)
+    assert spans is not None and [s.tolist() for s in spans] == [[[1, 2], [4, 6]], [[0, 3]]]
+    with pytest.raises(ProtocolError, match="trained spans"):
+        decode(encode(msgspec_replace(meta, spans=(1, 2, 4, 7, 0, 3))))
+
+
+def msgspec_replace(msg: object, **fields: object) -> object:
+    import msgspec
+
+    return msgspec.structs.replace(msg, **fields)  # type: ignore[type-var]
+
+
+def test_trained_tokens_are_counted_per_source_and_survive_a_checkpoint_round_trip() -> None:
+    from msd.checkpoint.format import Counters
+    from msd.roles.planner.routing import _within
+
+    spans = np.array([[2, 5], [8, 12]])
+    assert [_within(spans, a, b) for a, b in ((0, 20), (0, 4), (4, 9), (12, 30))] == [7, 2, 2, 0]
+    total = Counters(trained=((1, 7),)) + Counters(trained=((0, 3), (1, 2)))
+    assert total.trained == ((0, 3), (1, 9))
+    assert Counters.from_json(total.as_json()) == total
+    assert "trained" not in Counters().as_json()  # jobs without conversations: files unchanged
+    assert total.trained_per_source(3) == (3, 9, 0)

@@ -47,6 +47,15 @@ CHUNK_SECONDS = 0.005
 MAX_OPEN_FILES = 64
 
 
+def _flat_spans(trained: list[np.ndarray | None]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Samples' trained spans as a message carries them: a count each, the bounds back to
+    back (both empty for samples of a source that trains every token)."""
+    if not trained:
+        return (), ()
+    own = [np.zeros((0, 2), np.int64) if t is None else t for t in trained]
+    return tuple(len(t) for t in own), tuple(int(b) for t in own for b in t.reshape(-1))
+
+
 def _held_cost(tokens: np.ndarray) -> int:
     """What a held sample counts against the read-ahead: its tokens, and at least 1, so that
     samples holding none (null or empty text) still fill it and reading stops."""
@@ -286,7 +295,8 @@ class SourceShard:
             self.held[gpos_start + offset] = t
             self.held_tokens += _held_cost(t)
             self.tokens_read += len(t)
-        for offset, spans in enumerate(self._trained_of_last()):
+        trained = self._trained_of_last()
+        for offset, spans in enumerate(trained):
             if spans is not None:
                 self.trained[gpos_start + offset] = spans
         self.samples_read += len(tokens)
@@ -312,6 +322,7 @@ class SourceShard:
             )
             if any(p is not None and any(p.videos) for p in pixels):
                 frames = tuple(t for p in pixels if p is not None for t, _, _ in p.grids)
+        counts, bounds = _flat_spans(trained)
         return Meta(
             source=self.source,
             gpos_start=gpos_start,
@@ -322,6 +333,8 @@ class SourceShard:
             skipped=skipped,
             image_rows=image_rows,
             frames=frames,
+            trained=counts,
+            spans=bounds,
         )
 
     def _trained_of_last(self) -> list[np.ndarray | None]:

@@ -68,7 +68,7 @@ class Ledger:
         self.step_tokens[plan.step] = int(figures.tokens.sum())
         self.step_figures[plan.step] = figures
         done = plan.counts
-        skipped = _nonzero(figures.skipped)
+        skipped, trained = _nonzero(figures.skipped), _nonzero(figures.trained)
         self.step_counters[plan.step] = Counters(
             done.split,
             done.truncated,
@@ -77,6 +77,7 @@ class Ledger:
             done.empty,
             int(figures.images.sum()),
             tuple(zip(skipped.tolist(), figures.skipped[skipped].tolist(), strict=True)),
+            tuple(zip(trained.tolist(), figures.trained[trained].tolist(), strict=True)),
         )
 
     def log_consumed(self, consumed: int) -> bool:

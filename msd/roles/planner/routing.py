@@ -22,7 +22,7 @@ from msd.roles.planner.images import EncoderCost, ImageBook
 from msd.roles.planner.outbox import Outbox
 from msd.roles.planner.registry import Peer
 from msd.roles.planner.reported import Reported
-from msd.wire.protocol import DISCARD, Meta, Plan, Route, Want
+from msd.wire.protocol import DISCARD, Meta, Plan, Route, Want, trained_spans
 
 Key = tuple[int, int]  # (source, gpos)
 # A step's loaders (in order), their Route entries, and the destinations of the samples sent to
@@ -71,6 +71,7 @@ class StepFigures:
         self.tokens = np.zeros(sources, dtype=np.int64)
         self.images = np.zeros(sources, dtype=np.int64)  # delivered
         self.skipped = np.zeros(sources, dtype=np.int64)  # images left out of delivered samples
+        self.trained = np.zeros(sources, dtype=np.int64)  # tokens trained on, of conversations
 
 
 class Routing:
@@ -93,6 +94,8 @@ class Routing:
         self.held = Reported()
         self.lookup = self.held  # plan_step's: one length, or many at once
         self.images = ImageBook(sources, encoder, seq_len)  # of the samples in ``held``
+        # of the conversations in ``held``: the [start, end) spans of their tokens trained on
+        self.trained: dict[tuple[int, int], np.ndarray] = {}
         self.inflight: dict[int, Sent] = {}
         self.reroute: dict[Key, tuple[int, tuple[int, ...]]] = {}
         self.wanted: dict[int, int] = {}
@@ -134,6 +137,10 @@ class Routing:
         self.held.add(source, gpos[keep], lengths, ids, identity)
         if msg.images or msg.skipped:
             self.images.add(msg, np.flatnonzero(keep).tolist())
+        spans = trained_spans(msg)
+        if spans is not None:
+            for i in np.flatnonzero(keep).tolist():
+                self.trained[(source, start + i)] = spans[i]
         self._send_rerouted(identity, source, rerouted)
         if unneeded.any():
             discard = [(source, g, DISCARD) for g in gpos[unneeded].tolist()]
@@ -213,6 +220,12 @@ class Routing:
                 if counted is not None:
                     figures.images[source] += counted.kept
                     figures.skipped[source] += counted.skipped
+        if self.trained:  # jobs without conversations look nothing up
+            columns = (pieces.source, pieces.gpos, pieces.offset, pieces.length)
+            for source, gpos, offset, length in zip(*(c.tolist() for c in columns), strict=True):
+                spans = self.trained.get((source, gpos))
+                if spans is not None:
+                    figures.trained[source] += _within(spans, offset, offset + length)
         return figures
 
     def _send_routes(self, step: int, loaders: list[bytes], table: RouteTable) -> None:
@@ -225,9 +238,10 @@ class Routing:
             )
         routed = table.samples()
         self.held.remove(*routed)
-        if self.images.any():
+        if self.images.any() or self.trained:
             for source, gpos in zip(*(c.tolist() for c in routed), strict=True):
                 self.images.forget(source, gpos)
+                self.trained.pop((source, gpos), None)
 
     def _send_plans(
         self,
@@ -264,6 +278,7 @@ class Routing:
         for source in sources:
             for gpos in self.held.remove_loader(source, lost):
                 self.images.forget(source, gpos)
+                self.trained.pop((source, gpos), None)
         self.blocked = None
 
     def first_needed(self, state: PlannerState, sources: Iterable[int]) -> tuple[int, ...]:
@@ -282,3 +297,11 @@ class Routing:
     def reported(self) -> int:
         """Samples reported and not routed yet."""
         return self.held.count
+
+
+def _within(spans: np.ndarray, start: int, stop: int) -> int:
+    """Tokens of ``spans`` ([k, 2] ``[start, end)``) that lie in ``start .. stop``."""
+    if not len(spans):
+        return 0
+    lows, highs = np.maximum(spans[:, 0], start), np.minimum(spans[:, 1], stop)
+    return int(np.clip(highs - lows, 0, None).sum())

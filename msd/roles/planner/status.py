@@ -34,6 +34,17 @@ def counts(core: PlannerCore) -> dict[str, int]:
     }
 
 
+def trained_tokens(core: PlannerCore) -> tuple[int, ...]:
+    """Per source, the delivered tokens the loss is taken on: of a conversation source, those
+    its chat section trains; of any other, all of them."""
+    ledger, sources = core.ledger, core.recipe.sources
+    counted = ledger.counters.trained_per_source(len(sources))
+    return tuple(
+        n if s.chat is not None else int(t)
+        for s, n, t in zip(sources, counted, ledger.source_tokens, strict=True)
+    )
+
+
 def view(core: PlannerCore) -> StatusView:
     """The job as of now."""
     now = core.clock()
@@ -52,6 +63,7 @@ def view(core: PlannerCore) -> StatusView:
         lifecycle=core.graph.counts(reported=core.routing.reported()),
         counts=counts(core),
         skipped_images=core.ledger.counters.skipped_per_source(len(core.recipe.sources)),
+        trained_tokens=trained_tokens(core),
         planner_pid=os.getpid(),
         now=now,
         rejected=core.rejects.snapshot(),
@@ -84,6 +96,7 @@ def status(core: PlannerCore) -> Status:
         empty=ledger.counters.empty,
         images=ledger.counters.images,
         skipped_images=ledger.counters.skipped_per_source(len(core.recipe.sources)),
+        trained_tokens=trained_tokens(core),
         constructor_step_bytes=sum(registry.bytes_by.values()),
         lifecycle=current.planner.lifecycle,
         roles=(("planner", "planner", os.getpid()), *roles),
