@@ -1,13 +1,15 @@
 """Train a small Hugging Face Llama on msd's packed batches, data-parallel, and resume it.
 
     msd synth demo-data && msd launch recipes/examples-hf-llama.yaml
+    msd synth demo-chat --kind chat && msd launch recipes/examples-sft.yaml   # conversations
 
 The recipe's ``trainer.command`` runs this script once per rank with ``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``/``MASTER_PORT`` and ``MSD_JOB`` set. Each rank:
 
 * builds ``LlamaForCausalLM`` from a small ``LlamaConfig`` (random init from ``--seed``; the
-  size flags make it larger), wrapped in DDP: gloo on CPU (one thread a rank), nccl on GPUs
-  (one rank a GPU), where the Client hands each batch out already on the rank's GPU
+  size flags make it larger; the vocabulary the recipe's: 256 for msd's bytes transform, the
+  tokenizer's size for a tokenizer), wrapped in DDP: gloo on CPU (one thread a rank), nccl on
+  GPUs (one rank a GPU), where the Client hands each batch out already on the rank's GPU
   (``msd.Client(device=...)``: copied on a side stream while the previous step computes);
 * feeds it msd's rows as they come. ``position_ids`` restart at every packed sample, and from
   them transformers builds a block-diagonal causal mask for ``sdpa`` and ``eager`` attention,
@@ -15,7 +17,9 @@ The recipe's ``trainer.command`` runs this script once per rank with ``RANK``, `
   gets msd's ``cu_seqlens`` as its varlen offsets instead;
 * computes the loss itself from msd's labels, which are already shifted (``labels=`` would make
   the model shift them again): the sum over the rank's predicted tokens divided by the count
-  over all ranks, so the gradient does not depend on how the tokens are spread over ranks;
+  over all ranks, so the gradient does not depend on how the tokens are spread over ranks.
+  Where the batch has a ``loss_mask`` (a job with conversation sources) only its tokens count:
+  the assistant's replies, not the prompts;
 * every ``--save-every`` steps, checkpoints the model, the optimizer and every rank's
   ``client.state_dict()`` in one file (rank 0 writes it atomically), and at start resumes from
   the latest one. When a rank dies, ``msd launch`` restarts every rank: they load that
@@ -48,10 +52,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import msd
 from msd.errors import MsdError
 from msd.jobdir import atomic_write
+from msd.recipe.schema import Recipe, Source
 
 log = logging.getLogger("hf_llama")
 
-IGNORE_INDEX = -100  # msd's label where there is no next token (a sample's end, padding)
+IGNORE_INDEX = -100  # msd's label where no loss is taken (a sample's end, padding, a prompt)
+BYTES_VOCAB = 256  # msd's bytes transform: token ids are UTF-8 bytes
 FLASH = ("flash_attention_2", "flash_attention_3")
 CHECKPOINT_VERSION = 1
 DIGESTED = ("input_ids", "labels", "position_ids", "cu_seqlens")  # what the model is fed
@@ -65,7 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument("--heads", type=int, default=4)
     size.add_argument("--kv-heads", type=int, default=2)
     size.add_argument("--intermediate-size", type=int, default=256)
-    size.add_argument("--vocab-size", type=int, default=256, help="256: msd's bytes transform")
+    size.add_argument(
+        "--vocab-size", type=int, help="default: the recipe's (256 for msd's bytes transform)"
+    )
     p.add_argument("--attn-implementation", default="sdpa", choices=("sdpa", "eager", *FLASH))
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-steps", type=int, default=10)
@@ -81,10 +89,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- the model and one step ---------------------------------------------------------------------
+def source_vocab_size(source: Source) -> int | None:
+    """How many token ids a text source's transform yields; None when the script cannot tell
+    (stored token ids, a custom function)."""
+    if source.token_column is not None or source.data_format == "megatron":
+        return None
+    if source.transform.kind == "bytes":
+        return BYTES_VOCAB
+    if source.transform.kind == "tokenizer" and source.transform.path:
+        from tokenizers import Tokenizer  # only where a recipe uses one
+
+        tokenizer = Tokenizer.from_file(source.transform.path)
+        return int(tokenizer.get_vocab_size(with_added_tokens=True))
+    return None
+
+
+def recipe_vocab_size(recipe: Recipe) -> int:
+    """Every token id of the recipe's sources fits below it."""
+    sizes = [source_vocab_size(s) for s in recipe.sources]
+    if None in sizes:
+        raise ValueError("the recipe's token ids have no known range; pass --vocab-size")
+    return max(s for s in sizes if s is not None)
+
+
 def build_model(args: argparse.Namespace, max_positions: int) -> LlamaForCausalLM:
-    """A randomly initialised Llama; every rank builds the same weights from ``args.seed``."""
+    """A randomly initialised Llama; every rank builds the same weights from ``args.seed``. Its
+    vocabulary is ``args.vocab_size``, unset: the bytes transform's."""
     config = LlamaConfig(
-        vocab_size=args.vocab_size,
+        vocab_size=BYTES_VOCAB if args.vocab_size is None else args.vocab_size,
         hidden_size=args.hidden_size,
         intermediate_size=args.intermediate_size,
         num_hidden_layers=args.layers,
@@ -120,6 +152,16 @@ def model_inputs(
             "max_length_k": longest,
         }
     return inputs
+
+
+def trained_labels(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The batch's labels, ``IGNORE_INDEX`` wherever its ``loss_mask`` (a job with conversation
+    sources has one) says no loss is taken. msd's labels are ignored there already; a batch
+    built elsewhere, with every next token as its label, need not be."""
+    labels = batch["labels"]
+    if "loss_mask" not in batch:
+        return labels
+    return labels.masked_fill(~batch["loss_mask"].to(labels.device), IGNORE_INDEX)
 
 
 def packed_loss(
@@ -165,7 +207,7 @@ def train_step(
     # bf16 on GPUs (what flash attention needs); float32, bitwise reproducible, on CPU
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         logits = ddp(**model_inputs(batch, args.attn_implementation, device)).logits
-    loss, mean, count = packed_loss(logits, batch["labels"], dist.get_world_size())
+    loss, mean, count = packed_loss(logits, trained_labels(batch), dist.get_world_size())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(ddp.parameters(), args.clip)
@@ -311,7 +353,7 @@ def step_record(
     return {
         "step": step,
         "loss": loss,
-        "tokens": int((batch["labels"] != IGNORE_INDEX).sum()),  # this rank's predicted tokens
+        "tokens": int((trained_labels(batch) != IGNORE_INDEX).sum()),  # this rank's trained
         "global_tokens": global_tokens,
         "start_step": start,  # where this process began: 0, or the step it resumed at
     }
@@ -371,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         # Job, rank and world size from the launcher's environment. On a GPU the Client hands
         # batches out on it, copied while the previous step computes.
         client = msd.Client(device=device if device.type == "cuda" else None)
-    except MsdError as exc:
+        if args.vocab_size is None:
+            args.vocab_size = recipe_vocab_size(client.job.recipe())
+    except (MsdError, ValueError) as exc:  # ValueError: a recipe this script cannot size
         log.error("%s", exc)
         return 1
     if args.attn_implementation in FLASH and device.type != "cuda":
