@@ -196,13 +196,15 @@ def reference_rank() -> None:
     dist.destroy_process_group()
 
 
-def run_reference(folder: Path, plan: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    """Both reference ranks to the end; each rank's records."""
+def run_reference(
+    folder: Path, plan: dict[str, Any], module: str = "tests.integration.test_convergence"
+) -> list[list[dict[str, Any]]]:
+    """Both reference ranks (``module``'s ``reference_rank``) to the end; each rank's records."""
     folder.mkdir()
     (folder / "plan.json").write_text(json.dumps(plan))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WORLD_SIZE": str(RANKS)}
     env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    command = "from tests.integration.test_convergence import reference_rank; reference_rank()"
+    command = f"from {module} import reference_rank; reference_rank()"
     ranks = []
     for rank in range(RANKS):
         argv = [sys.executable, "-c", command, "plan.json", f"rank-{rank}.jsonl"]
