@@ -104,15 +104,19 @@ def pack_rows(
         else _images(pieces, input_ids, labels, image_token_id, patch_values, video)
     )
     mask = {LOSS_MASK: labels != IGNORE_INDEX} if loss_mask else {}
-    return vision | mask | {
-        "input_ids": input_ids,
-        "labels": labels,
-        "position_ids": position_ids,
-        "cu_seqlens": np.array(bounds, dtype=np.int32),
-        "sample_ids": np.array([p.sample_id for p in pieces], dtype=np.int64),
-        "source_ids": np.array([p.source for p in pieces], dtype=np.int64),
-        "sample_offsets": np.array([p.offset for p in pieces], dtype=np.int64),
-    }
+    return (
+        vision
+        | mask
+        | {
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": position_ids,
+            "cu_seqlens": np.array(bounds, dtype=np.int32),
+            "sample_ids": np.array([p.sample_id for p in pieces], dtype=np.int64),
+            "source_ids": np.array([p.source for p in pieces], dtype=np.int64),
+            "sample_offsets": np.array([p.offset for p in pieces], dtype=np.int64),
+        }
+    )
 
 
 def _trained(spans: np.ndarray, n: int) -> np.ndarray:

@@ -12,7 +12,7 @@ def missing_eos(recipe: Recipe) -> list[str]:
     return [
         f"sources[{i}] ({source.name}): its tokenizer transform has no eos, so its documents "
         "are packed with nothing between them; set transform.eos to the tokenizer's "
-        "end-of-document token (e.g. eos: \"<|endoftext|>\")"
+        'end-of-document token (e.g. eos: "<|endoftext|>")'
         for i, source in enumerate(recipe.sources)
         if source.transform.kind == "tokenizer" and source.transform.eos is None
     ]
