@@ -18,6 +18,15 @@ for each window it cuts, so that grew by about 3 MB per row group read until a l
 sources held 60 MiB of freed pages. Naming the system allocator before pyarrow loads puts every
 Arrow allocation on glibc, which returns them (see ``fix_mmap_threshold``).
 
+``cache_image_blocks`` (a loader of video sources): Pillow allocates each image from blocks of
+its own and, by default, frees a block as soon as its image goes. A video loader converts and
+resizes sampled frames of the same few sizes one after the other, each image a few MB: with the
+mmap threshold fixed, every one was a new mapping whose pages were faulted in again. Keeping the
+last few freed blocks serves the next frames from them. Measured decoding 720p H.264 clips
+(``msd.sources.video.decode``, one process): 17-20 % more CPU with the fixed threshold than
+without it, 10-14 % with the blocks kept. What it holds is at most ``IMAGE_BLOCKS`` blocks, one
+frame's images (for a 1080p frame: 8 MiB as decoded, 6 MiB resized).
+
 ``keep_pandas_out``: see there.
 """
 
@@ -38,6 +47,7 @@ log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD = 1 << 20
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"  # read once, when pyarrow loads
+IMAGE_BLOCKS = 3  # a frame's three images: as decoded, resized halfway, resized
 
 
 def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
@@ -65,6 +75,13 @@ def arrow_on_malloc() -> bool:
         return False
     os.environ.setdefault(ARROW_POOL_VARIABLE, "system")
     return True
+
+
+def cache_image_blocks(blocks: int = IMAGE_BLOCKS) -> None:
+    """Have Pillow keep up to ``blocks`` freed image blocks for its next images."""
+    from PIL import Image
+
+    Image.core.set_blocks_max(blocks)  # type: ignore[attr-defined]  # as PILLOW_BLOCKS_MAX sets it
 
 
 class _NoPandas(importlib.abc.MetaPathFinder):

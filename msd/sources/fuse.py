@@ -314,7 +314,9 @@ def _sample_images(kept: Sequence[Visual], spec: FuseSpec) -> SampleImages:
             np.concatenate([im.patches for im in kept]), tuple(im.grid for im in kept)
         )
     assert spec.video is not None
-    patches = np.concatenate([v.patches.reshape(-1, width) for v in kept])
+    parts = [v.patches.reshape(-1, width) for v in kept]
+    # A sample of one video (the usual case) keeps its decoded array: no copy of its patches.
+    patches = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return SampleImages(
         patches,
         tuple(v.grid for v in kept),

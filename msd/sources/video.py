@@ -247,6 +247,28 @@ def patchify_frames(frames: Pixels, spec: VideoSpec = DEFAULT_SPEC) -> Pixels:
     return np.ascontiguousarray(ordered).reshape(-1, spec.patch_values)
 
 
+def rgb_image(frame: Any) -> Any:
+    """A decoded PyAV frame as an RGB Pillow image: FFmpeg's conversion, as
+    ``frame.to_ndarray(format="rgb24")`` makes it, copied once, straight into Pillow's memory."""
+    from PIL import Image
+
+    plane = frame.reformat(format="rgb24").planes[0]
+    size, stride = (plane.width, plane.height), plane.line_size
+    return Image.frombuffer("RGB", size, plane, "raw", "RGB", stride, 1)
+
+
+def put_frame(
+    patches: Pixels, grid: tuple[int, int, int], slot: int, rgb: Pixels, spec: VideoSpec
+) -> None:
+    """Write frame ``slot`` ([h, w, 3] uint8, resized) into a video's ``patches`` where
+    `patchify_frames` puts it: no array of the whole video's frames is made."""
+    p, m, tps = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    t, gh, gw = grid
+    places = patches.reshape(t, gh // m, gw // m, m, m, 3, tps, p, p)
+    blocks = rgb.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+    places[slot // tps, :, :, :, :, :, slot % tps] = blocks
+
+
 def _guarded(what: str, work: Callable[[], _T]) -> _T | DecodeFailure:
     """What ``work`` returns, or why it failed: untrusted bytes fail as data, not a crash."""
     try:
@@ -318,25 +340,25 @@ def _decode(
 ) -> DecodedVideo | DecodeFailure:
     import av
 
-    (h, w), tps = plan.size, spec.temporal_patch_size
-    frames = np.empty((plan.grid[0] * tps, h, w, 3), dtype=np.uint8)
+    patches = np.empty((plan.patches, spec.patch_values), dtype=np.uint8)
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         stream.codec_context.thread_count = spec.threads
         sought = _seek(container, stream, plan) if plan.indices[0] > 0 else None
         if sought is None:  # from the first frame, counting frames as they come
             wanted = {index: slot for slot, index in enumerate(plan.indices)}
-            got = _take(enumerate(container.decode(stream)), wanted, plan, header, frames)
+            got = _take(enumerate(container.decode(stream)), wanted, plan, header, patches, spec)
         else:  # from a keyframe before the clip, knowing frames by their timestamps
             wanted = {sought[index]: slot for slot, index in enumerate(plan.indices)}
             timed = ((frame.pts, frame) for frame in container.decode(stream))
-            got = _take(timed, wanted, plan, header, frames)
+            got = _take(timed, wanted, plan, header, patches, spec)
     if isinstance(got, DecodeFailure):
         return got
-    if got < len(plan.indices):
+    found, last = got
+    if found < len(plan.indices) or last is None:
         return DecodeFailure("fewer frames than declared")
-    frames[len(plan.indices) :] = frames[len(plan.indices) - 1]  # repeat the last to fill
-    patches = patchify_frames(frames, spec)
+    for slot in range(found, plan.grid[0] * spec.temporal_patch_size):  # the last fills its patch
+        put_frame(patches, plan.grid, slot, last, spec)
     return DecodedVideo(
         patches,
         plan.grid,
@@ -366,13 +388,16 @@ def _take(
     wanted: dict[int, int],
     plan: VideoPlan,
     header: VideoHeader,
-    out: Pixels,
-) -> int | DecodeFailure:
+    patches: Pixels,
+    spec: VideoSpec,
+) -> tuple[int, Pixels | None] | DecodeFailure:
     """Resize each wanted frame of ``frames_in`` ((its ordinal or timestamp, the frame)) into
-    its slot of ``out``, up to the last one wanted; how many were found."""
+    its slot of ``patches``, up to the last one wanted; how many were found, and the last
+    sampled frame resized (what fills its temporal patch)."""
     from PIL import Image
 
-    (h, w), last, got = plan.size, max(wanted), 0
+    (h, w), final, got = plan.size, max(wanted), 0
+    last: Pixels | None = None
     for at, frame in frames_in:
         if at is None:
             continue
@@ -380,13 +405,14 @@ def _take(
         if slot is not None:
             if (frame.height, frame.width) != (header.height, header.width):
                 return DecodeFailure("frame size changes mid-stream")
-            still = Image.fromarray(frame.to_ndarray(format="rgb24"))
-            rgb = still.resize((w, h), Image.Resampling.BICUBIC)
-            out[slot] = np.asarray(rgb, dtype=np.uint8)
+            rgb = np.asarray(rgb_image(frame).resize((w, h), Image.Resampling.BICUBIC))
+            put_frame(patches, plan.grid, slot, rgb, spec)
             got += 1
-        if at >= last:
+            if slot == len(plan.indices) - 1:
+                last = rgb
+        if at >= final:
             break
-    return got
+    return got, last
 
 
 def _rejection(height: int, width: int, spec: VideoSpec) -> DecodeFailure | None:

@@ -1,5 +1,6 @@
-"""A role process's footprint: pyarrow does not pull pandas in, and the allocator keeps
-payload-sized buffers in mappings of their own. Each check runs in a fresh interpreter."""
+"""A role process's footprint: pyarrow does not pull pandas in, the allocator keeps
+payload-sized buffers in mappings of their own, and a video loader's Pillow reuses its image
+blocks. Each check runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import sys
 import pytest
 
 
-def run(code: str) -> str:
+def run(code: str, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, check=True
     )
     return done.stdout.strip()
 
@@ -91,3 +92,32 @@ arrow_on_malloc()
 print(os.environ["ARROW_DEFAULT_MEMORY_POOL"])
 """
     assert run(code) == "jemalloc"
+
+
+FRAME_FAULTS = """
+import resource, sys
+from PIL import Image
+from msd.roles.footprint import cache_image_blocks, fix_mmap_threshold
+fix_mmap_threshold()
+if sys.argv[1] == "cached":
+    cache_image_blocks()
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def frame():  # a 720p frame as a video loader makes it: converted, then resized
+    Image.new("RGB", (1280, 720), (9, 8, 7)).resize((1008, 560), Image.Resampling.BICUBIC)
+frame()
+before = faults()
+for _ in range(20):
+    frame()
+print(faults() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_kept_image_blocks_spare_a_video_loader_the_page_faults_of_each_frame() -> None:
+    def faults(mode: str) -> int:
+        return int(run(FRAME_FAULTS, mode))
+
+    uncached, cached = faults("default"), faults("cached")
+    assert uncached > 20 * 500  # each frame's images (3.7 + 2.9 + 2.3 MB) mapped afresh
+    assert cached * 4 < uncached

@@ -21,6 +21,7 @@ from msd.sources.video import (
     patchify_frames,
     plan_video,
     probe,
+    put_frame,
     sample_count,
     sample_indices,
 )
@@ -315,3 +316,13 @@ def test_pixels_match_hugging_faces_video_processor_within_the_stated_tolerance(
     assert float(difference.mean()) < HF_MAX_MEAN
     assert np.count_nonzero(difference) / difference.size < HF_MAX_DIFFERENT
     assert np.count_nonzero(difference > 1) / difference.size < HF_MAX_OVER_ONE
+
+
+def test_frames_put_one_by_one_make_the_patches_patchify_makes() -> None:
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 256, (6, 56, 84, 3), dtype=np.uint8)
+    grid = (3, 56 // SPEC.patch_size, 84 // SPEC.patch_size)
+    patches = np.zeros((grid[0] * grid[1] * grid[2], SPEC.patch_values), dtype=np.uint8)
+    for slot in rng.permutation(len(frames)).tolist():  # in any order
+        put_frame(patches, grid, slot, frames[slot], SPEC)
+    np.testing.assert_array_equal(patches, patchify_frames(frames, SPEC))

@@ -23,6 +23,7 @@ from msd.jobdir import JobDir
 from msd.plan.partition import Generation, LoaderProcess, find_process, generations, span
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
+from msd.roles.footprint import cache_image_blocks
 from msd.roles.loader.outage import Outage
 from msd.roles.loader.pick import NextRead
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
@@ -244,7 +245,13 @@ class Loader:
                 videos=tuple(int(p.is_video(k)) for p in held for k in range(len(p.grids))),
                 video_rows=next(p.video_rows for p in held if any(p.videos)),
             )
-        return payload, [buffer, np.concatenate([p.patches for p in held])]
+        # One sample's patches go as they are (a video's can be tens of MB): no copy to join.
+        pixels_buffer = (
+            np.ascontiguousarray(held[0].patches)
+            if len(held) == 1
+            else np.concatenate([p.patches for p in held])
+        )
+        return payload, [buffer, pixels_buffer]
 
 
 def stand_by(
@@ -293,6 +300,8 @@ def main(job: JobDir, name: str) -> None:
         process = find_process(recipe, adopt.name, rescales, used)
         first = dict(zip(process.sources, adopt.first, strict=True))
         log.info("now loader %s, from positions %s", adopt.name, adopt.first)
+    if any(recipe.sources[s].has_videos for s in process.sources):
+        cache_image_blocks()  # frame after frame of the same sizes (msd.roles.footprint)
     loader = Loader(job, recipe, process, rescales, planner, first)
     elapsed_s = time.monotonic() - started
     log.info("loader %s (%d sources) ready in %.2f s", loader.name, len(loader.shards), elapsed_s)
