@@ -2,6 +2,7 @@
 
     python -m benchmarks.dataloader [--quick] [--out DIR] [--point S,R,W,L[,RG[,ROWS]]] ...
     python -m benchmarks.dataloader --vlm [--quick] [--point S,R,W[,L[,ROWS]]] ...  (vlm.py)
+    python -m benchmarks.dataloader --video [--quick] [--point S,R,W[,L[,ROWS]]] ...  (video.py)
 
 Runs the sweep (or ``--quick``'s two small points, or the ``--point``s given), baseline then msd
 at each point, and writes ``dataloader.json`` / ``.md`` / ``-*.png`` to ``--out``
@@ -109,10 +110,16 @@ def previous_points(path: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    if "--vlm" in (sys.argv[1:] if argv is None else argv):  # image-text sources: vlm.py
+    given = sys.argv[1:] if argv is None else argv
+    if "--vlm" in given:  # image-text sources: vlm.py
         from benchmarks.dataloader.vlm import main as vlm_main
 
         vlm_main(argv)
+        return
+    if "--video" in given:  # video sources: video.py
+        from benchmarks.dataloader.video import main as video_main
+
+        video_main(argv)
         return
     args = parse_args(argv)
     stem = "dataloader-quick" if args.quick else "dataloader"

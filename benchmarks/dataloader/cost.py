@@ -36,10 +36,13 @@ class CostModel:
         lens = np.asarray(lengths, dtype=np.float64)
         return float(self.attn * np.square(lens).sum() + self.lin * lens.sum())
 
-    def encoder(self, patches: npt.ArrayLike) -> float:
-        """The encoder's cost of images of these patch counts (attention per image)."""
+    def encoder(self, patches: npt.ArrayLike, groups: npt.ArrayLike | None = None) -> float:
+        """The encoder's cost of images of these patch counts (attention per image); with
+        ``groups``, of videos whose patches attend within each of that many temporal patches
+        (``enc_attn·p²/t + enc_lin·p``, as msd's balance weighs a video)."""
         p = np.asarray(patches, dtype=np.float64)
-        return float(self.enc_attn * np.square(p).sum() + self.enc_lin * p.sum())
+        t = 1.0 if groups is None else np.asarray(groups, dtype=np.float64)
+        return float(self.enc_attn * (np.square(p) / t).sum() + self.enc_lin * p.sum())
 
 
 def sequence_lengths(cu_seqlens: npt.ArrayLike) -> npt.NDArray[np.int64]:

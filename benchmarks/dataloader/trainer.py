@@ -3,14 +3,15 @@
     python -m benchmarks.dataloader.trainer msd --log-dir DIR --seconds-per-cost X [--attn A]
     python -m benchmarks.dataloader.trainer baseline --log-dir DIR --config STREAM.json ...
     python -m benchmarks.dataloader.trainer baseline-vlm --log-dir DIR --config STREAM.json ...
+    python -m benchmarks.dataloader.trainer baseline-video --log-dir DIR --config STREAM.json ...
 
 Rank and world size come from ``RANK`` / ``WORLD_SIZE`` (``MASTER_ADDR`` / ``MASTER_PORT`` for
 gloo), set by ``msd launch`` for msd and by ``run_baseline`` for the baseline. Each step a rank
 gets its batch (``msd.Client`` or its own ``DataLoader``), "computes" by sleeping for the batch's
-cost (``cost.py``; a VLM batch adds its vision encoder's, ``vlm_cost.py``) and meets the other
-ranks at a gloo barrier, as data-parallel training does at its gradient all-reduce. It writes
-``DIR/rank-R.jsonl`` (one line per step: data-wait, CPU time spent fetching, compute, barrier,
-cost, real tokens, images, time) and, before it asks for its first batch,
+cost (``cost.py``; a VLM or video batch adds its vision encoder's, ``vlm_cost.py``) and meets
+the other ranks at a gloo barrier, as data-parallel training does at its gradient all-reduce.
+It writes ``DIR/rank-R.jsonl`` (one line per step: data-wait, CPU time spent fetching, compute,
+barrier, cost, real tokens, images and videos, time) and, before it asks for its first batch,
 ``DIR/rank-R.idle.json`` with its PSS (what the data plane's memory is counted above).
 """
 
@@ -31,6 +32,7 @@ from torch.utils.data import DataLoader
 
 from benchmarks.dataloader.baseline import MixedParquetStream, StreamConfig
 from benchmarks.dataloader.cost import CostModel, sequence_lengths
+from benchmarks.dataloader.video_baseline import MixedVideoStream, VideoStreamConfig
 from benchmarks.dataloader.vlm_baseline import MixedImageStream, VlmStreamConfig
 from benchmarks.dataloader.vlm_cost import batch_costs
 from msd.client import Client
@@ -88,8 +90,8 @@ def train(
 
 def step_cost(batch: dict[str, torch.Tensor], model: CostModel) -> dict[str, float]:
     """The batch's cost and its costliest unit's: a sequence (text), or a sample's sequence and
-    its images' encoder cost (a VLM batch, ``vlm_cost.py``), with its images and patches."""
-    if "vision_cu_seqlens" in batch:
+    its images' and videos' encoder cost (``vlm_cost.py``), with its images, videos, patches."""
+    if "vision_cu_seqlens" in batch or "video_cu_seqlens" in batch:
         return batch_costs({k: v.numpy() for k, v in batch.items()}, model)
     lengths = sequence_lengths(batch["cu_seqlens"].numpy())
     return {
@@ -139,9 +141,34 @@ def baseline_vlm_batches(
     return iter(loader), config.steps, None
 
 
+def baseline_video_batches(
+    log_dir: Path, config_path: Path
+) -> tuple[Batches, int | None, Client | None]:
+    config = VideoStreamConfig.load(config_path)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    write_idle(log_dir, rank)
+    torch.multiprocessing.set_sharing_strategy(config.sharing_strategy)  # type: ignore[no-untyped-call]
+    loader = DataLoader(
+        MixedVideoStream(config, rank, world),
+        num_workers=config.workers,
+        batch_size=None,
+        prefetch_factor=2,
+        persistent_workers=True,
+    )
+    return iter(loader), config.steps, None
+
+
+BASELINES = {
+    "baseline": baseline_batches,
+    "baseline-vlm": baseline_vlm_batches,
+    "baseline-video": baseline_video_batches,
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("system", choices=("msd", "baseline", "baseline-vlm"))
+    parser.add_argument("system", choices=("msd", *BASELINES))
     parser.add_argument("--log-dir", type=Path, required=True)
     parser.add_argument("--config", type=Path, help="the baseline's StreamConfig JSON")
     parser.add_argument("--seconds-per-cost", type=float, required=True)
@@ -159,8 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         if args.config is None:
             parser.error("baseline needs --config")
-        make = baseline_batches if args.system == "baseline" else baseline_vlm_batches
-        batches, steps, client = make(args.log_dir, args.config)
+        batches, steps, client = BASELINES[args.system](args.log_dir, args.config)
     rank = dist.get_rank()
     try:
         with open(args.log_dir / f"rank-{rank}.jsonl", "w") as log:

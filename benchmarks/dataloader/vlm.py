@@ -161,13 +161,20 @@ def run_baseline(
 ) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     stream_config(point, dataset, settings, vision).save(run_dir / "stream.json")
-    log_dir = run_dir / "ranks"
     argv = [sys.executable, "-m", TRAINER_MODULE, "baseline-vlm"]
-    argv += trainer_argv("baseline", log_dir, settings.cost, spc)
+    argv += trainer_argv("baseline", run_dir / "ranks", settings.cost, spc)
     argv += ["--config", str(run_dir / "stream.json")]
+    result = run_ranks(point, run_dir, argv, settings)
+    return result if "error" in result else finish(result, run_dir / "ranks", settings.warmup)
+
+
+def run_ranks(point: Any, run_dir: Path, argv: list[str], settings: Settings) -> dict[str, Any]:
+    """The baseline's rank processes (``argv``, ``point.ranks`` of them), their DataLoader
+    workers sampled as the data plane: ``measure``'s metrics (``error`` set if the run
+    failed)."""
     started = time.time()
-    ranks = start_ranks(point, run_dir, argv)  # type: ignore[arg-type]
-    pids = [r.popen.pid for r in ranks]
+    children = start_ranks(point, run_dir, argv)
+    pids = [r.popen.pid for r in children]
 
     def discover() -> tuple[list[psutil.Process], list[psutil.Process]]:
         alive = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
@@ -176,13 +183,13 @@ def run_baseline(
     sampler = ProcessSampler(discover, settings.sample_interval_s)
     sampler.start()
     try:
-        error = wait_ranks(ranks, settings.timeout_s)
+        error = wait_ranks(children, settings.timeout_s)
     finally:
         sampler.stop()
     if error is not None:
         return {"error": error, "run_dir": str(run_dir)}
-    result = measure(log_dir, sampler.samples, settings.warmup)
-    return finish(result, log_dir, settings.warmup) | {
+    result = measure(run_dir / "ranks", sampler.samples, settings.warmup)
+    return result | {
         "run_dir": str(run_dir),
         "wall_s": time.time() - started,
         "startup_s": result["first_step_end"] - started,
@@ -256,6 +263,23 @@ def run_msd(
     )
     per_process = settings.sources_per_process or SOURCES_PER_PROCESS
     recipe = recipe_dict(point, dataset, settings, vision, command, per_process, MSD_OPTIONS)
+    result, summary = run_launcher(recipe, run_dir, settings)
+    if "error" in result:
+        return result
+    keys = ("steps", "tokens", "tokens_per_s", "images", "skipped_images", "truncated_samples")
+    return finish(result, log_dir, settings.warmup) | {
+        "sources_per_process": per_process,
+        "recipe_loader": recipe["loader"],
+        "balance_method": recipe["balance"]["method"],
+        "msd_summary": {k: summary.get(k) for k in keys},
+    }
+
+
+def run_launcher(
+    recipe: dict[str, Any], run_dir: Path, settings: Settings
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``msd launch`` of ``recipe``, its roles sampled as the data plane: ``measure``'s metrics
+    (``error`` set if the run failed) and the run's summary."""
     recipe_path = run_dir / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     started = time.time()
@@ -278,20 +302,15 @@ def run_msd(
         sampler.stop()
     if error is not None:
         tail = (run_dir / "launch.err").read_text(errors="replace")[-1500:]
-        return {"error": f"{error}: {tail}", "run_dir": str(run_dir)}
-    result = measure(log_dir, sampler.samples, settings.warmup)
-    summary = json.loads((run_dir / "launch.out").read_text())
-    keys = ("steps", "tokens", "tokens_per_s", "images", "skipped_images", "truncated_samples")
-    return finish(result, log_dir, settings.warmup) | {
+        return {"error": f"{error}: {tail}", "run_dir": str(run_dir)}, {}
+    result = measure(run_dir / "ranks", sampler.samples, settings.warmup)
+    summary: dict[str, Any] = json.loads((run_dir / "launch.out").read_text())
+    return result | {
         "run_dir": str(run_dir),
         "job": summary.get("job"),
         "wall_s": time.time() - started,
         "startup_s": result["first_step_end"] - started,
-        "sources_per_process": per_process,
-        "recipe_loader": recipe["loader"],
-        "balance_method": recipe["balance"]["method"],
-        "msd_summary": {k: summary.get(k) for k in keys},
-    }
+    }, summary
 
 
 def run_point(

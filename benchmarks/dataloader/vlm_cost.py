@@ -50,28 +50,54 @@ def sample_shapes(
 
 def batch_costs(batch: Mapping[str, npt.NDArray[np.int64]], model: CostModel) -> dict[str, float]:
     """A rank's batch (numpy arrays as delivered): its cost, its costliest sample's (backbone
-    over the sample's sequence + encoder over its images), its images and patches."""
+    over the sample's sequence + encoder over its images and videos), its images and patches
+    (and, when it carries videos, its videos and their patches)."""
     lengths = sequence_lengths(batch["cu_seqlens"])
     backbone = model.cost(lengths)
-    if "vision_cu_seqlens" not in batch:
+    if "vision_cu_seqlens" not in batch and "video_cu_seqlens" not in batch:
         largest = max((model.cost([n]) for n in lengths.tolist()), default=0.0)
         return {"cost": backbone, "max_sequence_cost": largest, "images": 0, "patches": 0}
-    patches = sequence_lengths(batch["vision_cu_seqlens"])
-    per_sample = sample_unit_costs(batch, model)
-    return {
-        "cost": backbone + model.encoder(patches),
-        "max_sequence_cost": max(per_sample, default=0.0),
-        "images": len(patches),
-        "patches": int(patches.sum()),
+    items = encoder_items(batch, model)
+    images = [p for kind, _, p, _ in items if kind == "image"]
+    costs = {
+        "cost": backbone + sum(c for _, _, _, c in items),
+        "max_sequence_cost": max(sample_unit_costs(batch, model), default=0.0),
+        "images": len(images),
+        "patches": int(sum(images)),
     }
+    if "video_cu_seqlens" in batch:
+        videos = [p for kind, _, p, _ in items if kind == "video"]
+        costs |= {"videos": len(videos), "video_patches": int(sum(videos))}
+    return costs
+
+
+_VISUALS = (("image", "vision_cu_seqlens", "image"), ("video", "video_cu_seqlens", "video"))
+
+
+def encoder_items(
+    batch: Mapping[str, npt.NDArray[np.int64]], model: CostModel
+) -> list[tuple[str, tuple[int, int], int, float]]:
+    """(``image`` or ``video``, its owner (source, sample), its patches, its encoder cost) of
+    each image and video of the batch; a video's patches attend within its temporal patches."""
+    items: list[tuple[str, tuple[int, int], int, float]] = []
+    for kind, bounds, prefix in _VISUALS:
+        if bounds not in batch:
+            continue
+        patches = sequence_lengths(batch[bounds]).tolist()
+        groups = batch[f"{prefix}_grid_thw"][:, 0].tolist() if kind == "video" else None
+        sources, samples = (batch[f"{prefix}_{k}_ids"].tolist() for k in ("source", "sample"))
+        for k, p in enumerate(patches):
+            cost = model.encoder([p], None if groups is None else [groups[k]])
+            items.append((kind, (sources[k], samples[k]), p, cost))
+    return items
 
 
 def sample_unit_costs(batch: Mapping[str, npt.NDArray[np.int64]], model: CostModel) -> list[float]:
     """Backbone + encoder cost of each sample sequence of the batch (padding runs left out).
 
     A sequence is padding when its first token is ``PAD_ID`` (a sample's first token never is:
-    text bytes are >= 1 and placeholders are the image token; ``truncate`` puts no fillers);
-    the others are the pieces in ``sample_ids`` order."""
+    text bytes are >= 1 and placeholders are the image or video token; ``truncate`` puts no
+    fillers); the others are the pieces in ``sample_ids`` order."""
     bounds = np.asarray(batch["cu_seqlens"], dtype=np.int64)
     flat = np.asarray(batch["input_ids"]).reshape(-1)
     starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
@@ -79,12 +105,8 @@ def sample_unit_costs(batch: Mapping[str, npt.NDArray[np.int64]], model: CostMod
         zip(batch["source_ids"].tolist(), batch["sample_ids"].tolist(), strict=True)
     )  # row order
     encoder: dict[tuple[int, int], float] = {}
-    patches = sequence_lengths(batch["vision_cu_seqlens"])
-    owners = zip(
-        batch["image_source_ids"].tolist(), batch["image_sample_ids"].tolist(), strict=True
-    )
-    for key, p in zip(owners, patches.tolist(), strict=True):
-        encoder[key] = encoder.get(key, 0.0) + model.encoder([p])
+    for _, owner, _, cost in encoder_items(batch, model):
+        encoder[owner] = encoder.get(owner, 0.0) + cost
     costs = []
     pieces = iter(keys)
     for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
@@ -106,26 +128,41 @@ def mean_rank_cost(
     seed: int = 0,
 ) -> float:
     """Mean cost of a micro-batch packed from the sources' samples, as the baseline packs."""
-    shapes = [sample_shapes(s, geometry, seq_len) for s in sources]
+    units = [
+        [(n, model.encoder(patches)) for n, patches in sample_shapes(s, geometry, seq_len)]
+        for s in sources
+    ]
+    return packed_mean_cost(units, seq_len, rows, patience, model, batches, seed)
+
+
+def packed_mean_cost(
+    units: list[list[tuple[int, float]]],
+    seq_len: int,
+    rows: int,
+    patience: int,
+    model: CostModel,
+    batches: int = 400,
+    seed: int = 0,
+) -> float:
+    """Mean cost of a micro-batch packed, as the baseline packs, from samples of these
+    (fused length, encoder cost) per source, sources drawn evenly, samples at random."""
     packer = MicroBatchPacker(rows, seq_len, patience)
-    items = _shape_items(shapes, np.random.default_rng(seed), seq_len)
+    items = _shape_items(units, np.random.default_rng(seed), seq_len)
     costs = []
     for _ in range(batches):
         packed = packer.next_rows(items)
         backbone = model.cost(segment_lengths(packed, seq_len))
-        patches = [
-            p for row in packed for piece in row for p in shapes[piece.source][piece.sample_id][1]
-        ]
-        costs.append(backbone + model.encoder(patches))
+        encoder = sum(units[p.source][p.sample_id][1] for row in packed for p in row)
+        costs.append(backbone + encoder)
     return float(np.mean(costs))
 
 
 def _shape_items(
-    shapes: list[list[tuple[int, tuple[int, ...]]]], rng: np.random.Generator, seq_len: int
+    units: list[list[tuple[int, float]]], rng: np.random.Generator, seq_len: int
 ) -> Iterator[Item]:
     """Zero-token items of the samples' fused lengths, sources drawn evenly, samples at random."""
     zeros = np.zeros(seq_len, dtype=np.int32)
     while True:
-        s = int(rng.integers(len(shapes)))
-        i = int(rng.integers(len(shapes[s])))
-        yield Item(s, i, zeros[: shapes[s][i][0]])
+        s = int(rng.integers(len(units)))
+        i = int(rng.integers(len(units[s])))
+        yield Item(s, i, zeros[: units[s][i][0]])
