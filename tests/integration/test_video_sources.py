@@ -312,8 +312,11 @@ def test_a_killed_video_loader_leaves_the_stream_unchanged(
 def test_rescaling_a_video_source_mid_run_leaves_the_stream_unchanged(
     tmp_path: Path, video_data: Path, epoch: tuple[Path, dict]
 ) -> None:
-    # Slower steps: the new loaders start (a Python process each) while the source has samples.
+    # Slower steps, and loaders that read little ahead: the new loaders start (a Python process
+    # each) while the source still has visits to open, however busy the machine (with the
+    # default read-ahead the old loader can read the whole source before they do).
     doc = _slow(recipe(video_data), step_ms=600)
+    doc["loader"] = {"buffer_tokens": SEQ_LEN, "buffer_bytes": 1 << 20}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = start_launch(tmp_path, "r.yaml")
     try:
