@@ -22,10 +22,11 @@ Arrow allocation on glibc, which returns them (see ``fix_mmap_threshold``).
 its own and, by default, frees a block as soon as its image goes. A video loader converts and
 resizes sampled frames of the same few sizes one after the other, each image a few MB: with the
 mmap threshold fixed, every one was a new mapping whose pages were faulted in again. Keeping the
-last few freed blocks serves the next frames from them. Measured decoding 720p H.264 clips
-(``msd.sources.video.decode``, one process): 17-20 % more CPU with the fixed threshold than
-without it, 10-14 % with the blocks kept. What it holds is at most ``IMAGE_BLOCKS`` blocks, one
-frame's images (for a 1080p frame: 8 MiB as decoded, 6 MiB resized).
+last few freed blocks serves the next frames from them. Measured decoding H.264 clips
+(``msd.sources.video.decode``, one process): 20-22 % more CPU with the fixed threshold than
+without it; with the blocks kept, 3 % more at 720p and 16 % at 1080p (where FFmpeg's frames
+are mapped afresh too). What it holds is at most ``IMAGE_BLOCKS`` blocks, one frame's images
+(for a 1080p frame: 8 MiB as decoded, 6 MiB resized).
 
 ``keep_pandas_out``: see there.
 """

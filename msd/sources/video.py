@@ -247,12 +247,14 @@ def patchify_frames(frames: Pixels, spec: VideoSpec = DEFAULT_SPEC) -> Pixels:
     return np.ascontiguousarray(ordered).reshape(-1, spec.patch_values)
 
 
-def rgb_image(frame: Any) -> Any:
+def rgb_image(frame: Any, reformatter: Any, threads: int) -> Any:
     """A decoded PyAV frame as an RGB Pillow image: FFmpeg's conversion, as
-    ``frame.to_ndarray(format="rgb24")`` makes it, copied once, straight into Pillow's memory."""
+    ``frame.to_ndarray(format="rgb24")`` makes it, copied once, straight into Pillow's memory.
+    ``reformatter``: a ``VideoReformatter`` kept for the video's frames, run on ``threads``
+    threads (``frame.reformat`` sets one up for every frame, on as many threads as CPUs)."""
     from PIL import Image
 
-    plane = frame.reformat(format="rgb24").planes[0]
+    plane = reformatter.reformat(frame, format="rgb24", threads=threads).planes[0]
     size, stride = (plane.width, plane.height), plane.line_size
     return Image.frombuffer("RGB", size, plane, "raw", "RGB", stride, 1)
 
@@ -341,17 +343,18 @@ def _decode(
     import av
 
     patches = np.empty((plan.patches, spec.patch_values), dtype=np.uint8)
+    take = _Taker(plan, header, patches, spec)
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         stream.codec_context.thread_count = spec.threads
         sought = _seek(container, stream, plan) if plan.indices[0] > 0 else None
         if sought is None:  # from the first frame, counting frames as they come
             wanted = {index: slot for slot, index in enumerate(plan.indices)}
-            got = _take(enumerate(container.decode(stream)), wanted, plan, header, patches, spec)
+            got = take(enumerate(container.decode(stream)), wanted)
         else:  # from a keyframe before the clip, knowing frames by their timestamps
             wanted = {sought[index]: slot for slot, index in enumerate(plan.indices)}
             timed = ((frame.pts, frame) for frame in container.decode(stream))
-            got = _take(timed, wanted, plan, header, patches, spec)
+            got = take(timed, wanted)
     if isinstance(got, DecodeFailure):
         return got
     found, last = got
@@ -383,36 +386,44 @@ def _seek(container: Any, stream: Any, plan: VideoPlan) -> list[int] | None:
     return stamps
 
 
-def _take(
-    frames_in: Iterable[tuple[int | None, Any]],
-    wanted: dict[int, int],
-    plan: VideoPlan,
-    header: VideoHeader,
-    patches: Pixels,
-    spec: VideoSpec,
-) -> tuple[int, Pixels | None] | DecodeFailure:
-    """Resize each wanted frame of ``frames_in`` ((its ordinal or timestamp, the frame)) into
-    its slot of ``patches``, up to the last one wanted; how many were found, and the last
-    sampled frame resized (what fills its temporal patch)."""
-    from PIL import Image
+class _Taker:
+    """Resizes the wanted frames of a stream into a video's patches, converting each to RGB
+    with one FFmpeg reformatter on ``spec.threads`` threads (``frame.to_ndarray`` would set one
+    up for every frame, on as many threads as there are CPUs)."""
 
-    (h, w), final, got = plan.size, max(wanted), 0
-    last: Pixels | None = None
-    for at, frame in frames_in:
-        if at is None:
-            continue
-        slot = wanted.get(at)
-        if slot is not None:
-            if (frame.height, frame.width) != (header.height, header.width):
-                return DecodeFailure("frame size changes mid-stream")
-            rgb = np.asarray(rgb_image(frame).resize((w, h), Image.Resampling.BICUBIC))
-            put_frame(patches, plan.grid, slot, rgb, spec)
-            got += 1
-            if slot == len(plan.indices) - 1:
-                last = rgb
-        if at >= final:
-            break
-    return got, last
+    def __init__(self, plan: VideoPlan, header: VideoHeader, patches: Pixels, spec: VideoSpec):
+        from av.video.reformatter import VideoReformatter
+
+        self.plan, self.header, self.patches, self.spec = plan, header, patches, spec
+        self.reformatter = VideoReformatter()
+
+    def __call__(
+        self, frames_in: Iterable[tuple[int | None, Any]], wanted: dict[int, int]
+    ) -> tuple[int, Pixels | None] | DecodeFailure:
+        """Each wanted frame of ``frames_in`` ((its ordinal or timestamp, the frame)) into its
+        slot, up to the last one wanted; how many were found, and the last sampled frame
+        resized (what fills its temporal patch)."""
+        from PIL import Image
+
+        plan, spec = self.plan, self.spec
+        (h, w), final, got = plan.size, max(wanted), 0
+        last: Pixels | None = None
+        for at, frame in frames_in:
+            if at is None:
+                continue
+            slot = wanted.get(at)
+            if slot is not None:
+                if (frame.height, frame.width) != (self.header.height, self.header.width):
+                    return DecodeFailure("frame size changes mid-stream")
+                still = rgb_image(frame, self.reformatter, spec.threads)
+                rgb = np.asarray(still.resize((w, h), Image.Resampling.BICUBIC))
+                put_frame(self.patches, plan.grid, slot, rgb, spec)
+                got += 1
+                if slot == len(plan.indices) - 1:
+                    last = rgb
+            if at >= final:
+                break
+        return got, last
 
 
 def _rejection(height: int, width: int, spec: VideoSpec) -> DecodeFailure | None:
