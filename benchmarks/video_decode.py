@@ -11,9 +11,10 @@ gradients, encoded here with PyAV's libx264; ``DISTINCT`` encodings cycled), eac
 
 - plain PyAV (``plain``, a process of its own): each clip opened with PyAV, one decode
   thread, every frame decoded up to the last sampled one, the sampled frames (Qwen2-VL's rule,
-  `msd.sources.video.plan_video`) converted to RGB (``to_ndarray(format="rgb24")``) and resized
-  with Pillow's bicubic filter to the processor's size: the work of a loader's decode, written
-  plainly; its CPU time is ``time.process_time()`` over its loop;
+  `msd.sources.video.plan_video`) converted to RGB (``to_ndarray(format="rgb24")``, on one
+  thread as the decode) and resized with Pillow's bicubic filter to the processor's size: the
+  work of a loader's decode, written plainly; its CPU time is ``time.process_time()`` over its
+  loop, reading the shards included;
 - msd (``video_decode_job.py``): a job whose only source is the shards (``trainer: {command:
   demo}``, one loader process), the Qwen2-VL video defaults; the loader's CPU time is what its
   own ``Stats`` report (``msd status``: the loader's ``cpu_seconds`` and the source's
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -167,7 +169,7 @@ def plain_decode(data: bytes, spec: VideoSpec) -> tuple[float, list[np.ndarray]]
         frames = []
         for ordinal, frame in enumerate(container.decode(stream)):
             if ordinal in wanted:
-                still = Image.fromarray(frame.to_ndarray(format="rgb24"))
+                still = Image.fromarray(frame.to_ndarray(format="rgb24", threads=spec.threads))
                 frames.append(np.asarray(still.resize((w, h), Image.Resampling.BICUBIC)))
             if ordinal >= plan.indices[-1]:
                 break
@@ -205,13 +207,14 @@ def measure(clips: ClipSet, repeats: int, data_root: Path, run_root: Path) -> di
     from benchmarks.video_decode_job import run_job
 
     paths = ensure_clips(clips, data_root)
+    load_before = os.getloadavg()[0]
     plain, msd = [], []
     for k in range(repeats):
         plain.append(plain_process(paths))
         print(f"[{clips.name}] plain: {rate(plain[-1]['video_s'], plain[-1]['cpu_s']):.1f}")
         msd.append(run_job(paths, run_root / clips.name / f"repeat-{k}"))
         print(f"[{clips.name}] msd: {msd[-1]}", flush=True)
-    return summarize(clips, plain, msd)
+    return summarize(clips, plain, msd) | {"load_average_1m": [load_before, os.getloadavg()[0]]}
 
 
 def summarize(
@@ -270,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.plain:  # the plain process itself
         print(json.dumps(plain_run(args.plain, VideoSpec())))
         return
+    from benchmarks.dataloader.sweep import msd_digest
+
     run_root = RUN_ROOT / time.strftime("%Y%m%d-%H%M%S")
     points = {}
     for name in args.resolutions:
@@ -278,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         points[name] = measure(clips, args.repeats, args.data_root, run_root)
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cores": os.cpu_count(),
+        "msd_source_digest": msd_digest(),
         "fps": FPS,
         "repeats": args.repeats,
         "target": TARGET_RATIO,

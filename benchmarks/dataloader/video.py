@@ -174,6 +174,7 @@ class Setup:
     video: Video
     msd_loaders: int
     seconds_per_cost: float
+    msd_buffer_bytes: int | None = None  # loader.buffer_bytes (None: msd's default)
 
 
 def run_baseline(point: VideoPoint, setup: Setup, run_dir: Path) -> dict[str, Any]:
@@ -221,6 +222,7 @@ def recipe_dict(point: VideoPoint, setup: Setup, command: str) -> dict[str, Any]
             "enc_lin": model.enc_lin,
         },
         "balance": {"method": "greedy", "long_samples": "truncate", "objective": "sum"},
+        "loader": {"buffer_bytes": setup.msd_buffer_bytes} if setup.msd_buffer_bytes else {},
         "trainer": {"command": command, "ranks": point.ranks},
     }
 
@@ -257,6 +259,7 @@ def run_point(point: VideoPoint, setup: Setup, systems: tuple[str, ...]) -> dict
         "steps": setup.settings.steps,
         "warmup": setup.settings.warmup,
         "msd_loaders_per_source": setup.msd_loaders,
+        "msd_buffer_bytes": setup.msd_buffer_bytes,
         "msd_source_digest": msd_digest(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds_per_cost": setup.seconds_per_cost,
@@ -379,7 +382,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"- {e['key']}: {e['data']['clips']} clips, {e['data']['video_s']:.0f} s of video, "
         f"{e['data']['bytes_on_disk'] / 2**20:.1f} MiB on disk; an average rank computing "
         f"{e.get('target_step_s', s['target_step_s']) * 1000:.0f} ms a step; msd loaders per "
-        f"source {e['msd_loaders_per_source']}"
+        f"source {e['msd_loaders_per_source']}, loader.buffer_bytes "
+        f"{e.get('msd_buffer_bytes') or 'default'}"
         for e in results["points"]
     ]
     lines += ["", "Data:", "", *data, "", LEGEND, ""]
@@ -426,6 +430,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-s", type=float, default=VideoDataSpec.max_s)
     parser.add_argument("--max-pixels", type=int, default=MAX_PIXELS, help="per video frame")
     parser.add_argument("--msd-loaders", type=int, default=1, help="msd loaders per source")
+    parser.add_argument("--buffer-bytes", type=int, help="msd's loader.buffer_bytes")
     parser.add_argument("--tag", default="", help="appended to each point's key")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--data-root", type=Path, default=DATA_ROOT)
@@ -476,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
         dataset = ensure_video_data(spec, args.data_root)
         cost = mean_rank_cost(dataset, point, settings, VISION, video)
         spc = seconds_per_cost(settings.target_step_s, cost)
-        setup = Setup(dataset, settings, VISION, video, args.msd_loaders, spc)
+        setup = Setup(dataset, settings, VISION, video, args.msd_loaders, spc, args.buffer_bytes)
         entry = run_point(point, setup, tuple(args.systems))
         entry["mean_rank_cost"] = cost
         entry["target_step_s"] = settings.target_step_s
