@@ -352,6 +352,8 @@ def _loader_view(role: _Role, state: str) -> LoaderView:
         pss_bytes=stats.pss_bytes if stats else 0,
         samples_per_s=round(role.samples_per_s, 1),
         sources=len(role.hello.sources),
+        tokens_read=sum(s.tokens_read for s in stats.sources) if stats else 0,
+        busy_s=round(sum(s.busy_s for s in stats.sources), 3) if stats else 0.0,
     )
 
 

@@ -56,6 +56,10 @@ class LoaderView(msgspec.Struct, frozen=True, kw_only=True):
     pss_bytes: int
     samples_per_s: float
     sources: int
+    # As of the same report as cpu_seconds, over all its sources: the tokens it read and the
+    # wall time it spent reading and tokenizing (so two reports give its CPU per token).
+    tokens_read: int = 0
+    busy_s: float = 0.0
 
 
 class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):

@@ -94,7 +94,12 @@ def test_the_view_reports_rates_queues_and_ranks() -> None:
     obs.on_hello("c", constructor)
     loads = (SourceLoad(0, 100, 1000, 5, 50), SourceLoad(1, 10, 900, 2, 180))
     obs.on_stats("l", Stats("loader", "a+1", "h", 7, 1.0, 2**20, sources=loads), now=0.0)
-    later = tuple(SourceLoad(s.source, 2 * s.samples_read, 0, 1, 9) for s in loads)
+    later = tuple(
+        SourceLoad(
+            s.source, 2 * s.samples_read, 3 * s.tokens_read, 1, 9, busy_s=0.25 * (1 + s.source)
+        )
+        for s in loads
+    )
     obs.on_stats("l", Stats("loader", "a+1", "h", 7, 1.5, 2**20, sources=later), now=1.0)
     ranks = (RankLoad(0, 9, 2, 0.1, 0.4), RankLoad(1, 10, 1, 0.2, 0.3))
     obs.on_stats("c", Stats("constructor", "n0", "n0", 8, 0.2, 2**21, ranks=ranks), now=1.0)
@@ -120,6 +125,7 @@ def test_the_view_reports_rates_queues_and_ranks() -> None:
     assert [s.queue_samples for s in view.sources] == [1, 1] and view.sources[1].loaders == 1
     (lo,) = view.loaders
     assert lo.cpu_percent == 50.0 and lo.samples_per_s == 110.0 and lo.state == "running"
+    assert lo.tokens_read == 3 * 1900 and lo.busy_s == 0.75  # as of its last report
     assert [r.rank for r in view.ranks] == [0, 1] and view.ranks[0].ahead == 2
     assert view.planner.balance_max_over_mean == 1.5 and view.planner.planned_ahead == 4
     assert view.wait_p99_ms == pytest.approx(2.98)
