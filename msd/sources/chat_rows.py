@@ -22,6 +22,7 @@ from msd.sources.transforms import Ids, Tokenize, boundaries, load_tokenizer, ma
 
 LEFT_OUT = "conversations left out"  # followed by the reason, e.g. "(unknown role)"
 _EMPTY: Ids = np.zeros(0, dtype=np.int32)
+_NO_SPANS = np.zeros((0, 2), dtype=np.int64)
 
 
 def conversations_of(source: Source, markers: tuple[str, str] = ("", "")) -> Conversations:
@@ -36,10 +37,11 @@ def conversations_of(source: Source, markers: tuple[str, str] = ("", "")) -> Con
 
 def spans_of(trained: np.ndarray) -> np.ndarray:
     """The ``[start, end)`` runs of True in ``trained``, as an int64 [k, 2] array."""
-    edges = np.diff(np.concatenate(([0], trained.astype(np.int8), [0])))
-    return np.stack((np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)), axis=1).astype(
-        np.int64
-    )
+    padded = np.zeros(len(trained) + 2, dtype=np.bool_)
+    padded[1:-1] = trained
+    # Where the value changes: a run's start, then its end, alternately (it starts False).
+    changes = np.flatnonzero(padded[1:] != padded[:-1])
+    return changes.astype(np.int64, copy=False).reshape(-1, 2)
 
 
 def cells_of(column: pa.Array) -> list[object]:
@@ -64,30 +66,30 @@ class ChatRows:
         ids: list[Ids] = []
         self.trained = []
         for cell, r in zip(cells, rendered, strict=True):
-            if cell is None:
+            if cell is None or isinstance(r, str):
+                if cell is not None:
+                    self.skips[f"{LEFT_OUT} ({r})"] += 1
                 ids.append(_EMPTY)
-                self.trained.append(np.zeros((0, 2), dtype=np.int64))
-            elif isinstance(r, str):
-                self.skips[f"{LEFT_OUT} ({r})"] += 1
-                ids.append(_EMPTY)
-                self.trained.append(np.zeros((0, 2), dtype=np.int64))
+                self.trained.append(_NO_SPANS)
             else:
-                tokens, trained = self.framed(r)
+                tokens, spans = self.framed(r)
                 ids.append(tokens)
-                self.trained.append(spans_of(trained))
+                self.trained.append(spans)
         return ids
 
     def framed(self, rendered: Rendered) -> tuple[Ids, np.ndarray]:
-        """A conversation's ids and trained mask with the transform's bos and eos around."""
-        head = [] if self.bos is None else [self.bos]
-        tail = [] if self.eos is None else [self.eos]
-        tokens = np.concatenate(
-            (np.array(head, np.int32), rendered.ids, np.array(tail, np.int32))
-        ).astype(np.int32)
-        trained = np.concatenate(
-            (np.zeros(len(head), bool), rendered.trained, np.zeros(len(tail), bool))
-        )
-        return tokens, trained
+        """A conversation's ids with the transform's bos and eos around, and the spans of them
+        trained (`spans_of`)."""
+        head = 0 if self.bos is None else 1
+        body = rendered.ids
+        tokens = np.empty(head + len(body) + (self.eos is not None), dtype=np.int32)
+        if self.bos is not None:
+            tokens[0] = self.bos
+        tokens[head : head + len(body)] = body
+        if self.eos is not None:
+            tokens[-1] = self.eos
+        spans = spans_of(rendered.trained)
+        return tokens, spans + head if head else spans
 
 
 def tokenize_of(source: Source, column_kind: ColumnKind) -> Tokenize:

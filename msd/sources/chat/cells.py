@@ -185,7 +185,15 @@ class _Plain:
         self.values += 1
         if self.values > MAX_VALUES:
             raise Malformed(TOO_LARGE)
-        if value is None or type(value) in (int, float, bool):
+        kind = type(value)
+        if kind is str:  # the common cases first, by exact type: a cell's every value is here
+            self.chars += len(value)
+            if self.chars > MAX_CHARS:
+                raise Malformed(TOO_LARGE)
+            return value
+        if kind is dict or kind is list:
+            return self._container(value, depth + 1)
+        if value is None or kind in (int, float, bool):
             return value
         if isinstance(value, str):
             self.chars += len(value)
@@ -203,7 +211,7 @@ class _Plain:
     def _container(self, value: Mapping[Any, Any] | list[Any] | tuple[Any, ...], depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise Malformed(TOO_DEEP)
-        if isinstance(value, Mapping):
+        if type(value) is dict or isinstance(value, Mapping):
             return {self.copy(k, depth): self.copy(v, depth) for k, v in value.items()}
         items = [self.copy(v, depth) for v in value]
         return items if isinstance(value, list) else tuple(items)

@@ -226,7 +226,10 @@ class CompiledTemplate:
             ) from None
         self.has_generation = any(_is_generation(b) for b in tree.find_all(nodes.CallBlock))
         self._template = env.from_string(tree)
+        # What `Template.generate` would merge for every render, merged once: the globals (a
+        # ChainMap, slow to copy) and the variables every conversation sees.
         self._variables: dict[str, Any] = {
+            **self._template.globals,
             **template.special_tokens,
             "tools": None,
             "documents": None,
@@ -247,7 +250,9 @@ class CompiledTemplate:
         return "".join(blocks), output.spans
 
     def _blocks(self, messages: list[Message]) -> Iterator[str]:
-        return self._template.generate(messages=messages, **self._variables)
+        variables = {**self._variables, "messages": messages}
+        context = self._template.new_context(variables, shared=True)
+        return self._template.root_render_func(context)
 
 
 def _is_generation(block: nodes.CallBlock) -> bool:
