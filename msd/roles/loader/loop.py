@@ -228,7 +228,7 @@ class Loader:
             payload = msgspec.structs.replace(
                 payload,
                 trained=tuple(len(s) for s in spans),
-                spans=tuple(int(b) for s in spans for b in s.reshape(-1)),
+                spans=tuple(np.concatenate(spans).reshape(-1).tolist()),
             )
         held = [p for p in pixels if p is not None]
         if not held:
