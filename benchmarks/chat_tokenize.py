@@ -2,7 +2,7 @@
 tokenize it and mark the trained tokens, beside plain documents of the same words and beside
 transformers' ``apply_chat_template``, in one process and in a real loader process.
 
-    python -m benchmarks.chat_tokenize [--rows 3000] [--join 8] [--repeats 5] [--window-s 6]
+    python -m benchmarks.chat_tokenize [--rows 3000] [--join 8] [--repeats 5] [--window-s 3]
 
 Data (the same bytes every run): ``demo``, the well-formed conversations of ``msd.synth_chat``
 (OpenAI messages in Parquet, one to four exchanges; its malformed rows left out, as
@@ -24,8 +24,10 @@ In one process, per set, each way timed ``--repeats`` times in turn, the least C
 
 In a real loader (``benchmarks.loader_rate``): a job (``trainer: {command: demo}``) whose only
 source is the set, repeating, one loader; the tokens it read and the CPU and busy seconds it
-spent between two of its reports ``--window-s`` apart, read from ``msd status``. Once with the
-conversations, once with the documents.
+spent, read from ``msd status``, over ``--repeats`` back-to-back windows of ``--window-s``, the
+least CPU per token kept. The conversations, then the documents; each with the tokenizers'
+thread pool as the environment sets it, and off (``TOKENIZERS_PARALLELISM=false``), as in one
+process.
 """
 
 from __future__ import annotations
@@ -331,24 +333,22 @@ def run(root: Path, rows: int, join: int, repeats: int, window_s: float | None) 
         },
     }
     if window_s is not None:
-        result["in_loader"] = {name: in_loader(root, name, window_s) for name in sets}
+        result["in_loader"] = {name: in_loader(root, name, window_s, repeats) for name in sets}
         for name, loader in result["in_loader"].items():
             loader.update(loader_ratios(result["in_process"][name], loader))
     result["machine"]["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return result
 
 
-def in_loader(root: Path, name: str, window_s: float) -> dict[str, Any]:
+def in_loader(root: Path, name: str, window_s: float, windows: int) -> dict[str, Any]:
     """Set ``name`` in a real loader: its conversations and its documents, each with the
     tokenizers' thread pool as the environment sets it and off (``_serial``)."""
     found = {}
     for kind in KINDS:
         doc = recipe(root, name, kind, repeat=True)
-        found[kind] = loader_rate.measure(root / "jobs" / f"{name}-{kind}", doc, window_s)
-        serial = loader_rate.measure(
-            root / "jobs" / f"{name}-{kind}-serial", doc, window_s, env={PARALLELISM: "false"}
-        )
-        found[f"{kind}_serial"] = serial
+        for way, env in ((kind, {}), (f"{kind}_serial", {PARALLELISM: "false"})):
+            workdir = root / "jobs" / f"{name}-{way}"
+            found[way] = loader_rate.measure(workdir, doc, window_s, windows, env=env)
     return found
 
 
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=3000, help="demo conversations written")
     parser.add_argument("--join", type=int, default=8, help="demo conversations per long row")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--window-s", type=float, default=6.0, help="0: no real loader")
+    parser.add_argument("--window-s", type=float, default=3.0, help="0: no real loader")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     with TemporaryDirectory(prefix="msd-chat-tokenize-") as tmp:
