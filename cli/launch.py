@@ -14,7 +14,7 @@ from rich.text import Text
 from msd.control.history import load_history
 from msd.errors import LaunchError
 from msd.jobdir import atomic_write, full_message, is_full
-from msd.launch.autopartition import plan_loaders, resolve
+from msd.launch.autopartition import plan_loaders, prepared, resolve
 from msd.launch.check import check_sources
 from msd.launch.job import INTERRUPTED, Job, summary
 from msd.launch.local import LocalJob
@@ -134,7 +134,9 @@ def cluster_of(recipe: Recipe, cluster: str | None) -> str:
 
 
 def resolve_auto_loaders(parsed: Recipe, json_out: bool) -> Recipe:
-    """The recipe with ``loaders: auto`` replaced by measured counts (shown unless --json)."""
+    """The recipe with unset ``loaders`` decided and ``loaders: auto`` replaced by measured
+    counts (shown unless --json)."""
+    parsed = prepared(parsed)
     if not any(s.loaders == "auto" for s in parsed.sources):
         return parsed
     auto = plan_loaders(parsed)

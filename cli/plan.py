@@ -9,8 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 from msd.control.shortlist import SHOWN, shortlist
-from msd.launch.autopartition import AutoPlan, plan_loaders
+from msd.launch.autopartition import AutoPlan, plan_loaders, prepared, resolve
 from msd.launch.check import check_sources
+from msd.plan.partition import loader_processes
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
 
@@ -51,11 +52,16 @@ def plan(
     ] = False,
 ) -> None:
     """Profile each source briefly and show how `loaders: auto` shares the loader processes."""
-    parsed = load_recipe(recipe)
+    parsed = prepared(load_recipe(recipe))
     check_sources(parsed, recipe)
     result = plan_loaders(parsed)
     rows = plan_rows(parsed, result)
-    processes = sum(result.allocation.loaders) + len(result.allocation.groups)
+    # What msd launch starts: the allocation where sources are auto, the recipe's elsewhere.
+    processes = (
+        len(loader_processes(resolve(parsed, result)))
+        if result.auto
+        else len(loader_processes(parsed))
+    )
     warn_long_samples(parsed, result.profiles)
     if json_out:
         print(json.dumps({"cpus": result.cpus, "processes": processes, "sources": rows}, indent=2))

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from msd.control.shortlist import SHOWN, shortlist
+from msd.launch.autopartition import prepared
 from msd.launch.check import SourceSummary, check_sources
 from msd.launch.long_samples import long_sample_warnings
 from msd.recipe.advice import count_processes, too_many_loaders
@@ -43,7 +44,7 @@ def validate(
 ) -> None:
     """Check a recipe and open every source (schemas, columns, files, the header of each file's
     first video) without starting anything."""
-    parsed = load_recipe(recipe)
+    parsed = prepared(load_recipe(recipe))
     summaries = check_sources(parsed, recipe, probe_videos=True)
     table = Table(title=f"{recipe}: valid")
     for column in ("source", "files", "row groups", "rows", "column", "weight", "loaders"):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from msd.plan.autopartition import Allocation, allocate
+from msd.plan.autopartition import Allocation, allocate, with_default_loaders
 from msd.plan.autoscale import peak_token_shares
 from msd.plan.schedule import schedule_of
 from msd.recipe.schema import LoaderOptions, Recipe, Source
@@ -28,10 +28,28 @@ class AutoPlan:
     allocation: Allocation
 
 
+# Seconds of tokenizing (and decoding) spent profiling all of a recipe's sources, at most one
+# each: many sources are each profiled briefly, so starting a job of hundreds stays quick.
+PROFILE_BUDGET_S = 8.0
+
+
+def loader_cpus(recipe: Recipe) -> int:
+    """The CPUs loader processes are planned on: ``loader.cpus``, else this machine's."""
+    return recipe.loader.cpus or os.cpu_count() or 1
+
+
+def prepared(recipe: Recipe) -> Recipe:
+    """``recipe`` with its unset ``loaders`` decided as `msd launch` decides them."""
+    return with_default_loaders(recipe, loader_cpus(recipe))
+
+
 def plan_loaders(recipe: Recipe) -> AutoPlan:
     # an image or video source is profiled as its loaders read it: decoding included
+    max_s = min(1.0, PROFILE_BUDGET_S / max(1, len(recipe.sources)))
     profiles = tuple(
-        profile_source(s, f"sources[{i}]", fusing=fuse_spec(recipe, s.has_videos, s.clip))
+        profile_source(
+            s, f"sources[{i}]", max_s=max_s, fusing=fuse_spec(recipe, s.has_videos, s.clip)
+        )
         for i, s in enumerate(recipe.sources)
     )
     schedule = schedule_of(recipe)
@@ -39,8 +57,8 @@ def plan_loaders(recipe: Recipe) -> AutoPlan:
     # over the whole schedule: after its last breakpoint nothing changes
     shares = tuple(peak_token_shares(schedule, 0, max(schedule.breakpoints()), lengths))
     auto = tuple(i for i, s in enumerate(recipe.sources) if s.loaders == "auto")
-    fixed = sum(s.loaders for s in recipe.sources if s.loaders != "auto")
-    cpus = recipe.loader.cpus or os.cpu_count() or 1
+    fixed = sum(s.loaders or 1 for s in recipe.sources if s.loaders != "auto")
+    cpus = loader_cpus(recipe)
     budget = max(1, cpus - fixed) if auto else cpus
     chosen = auto or tuple(range(len(recipe.sources)))
     allocation = allocate(

@@ -92,7 +92,7 @@ def check_sources(
                 index.num_rows,
                 index.column,
                 source.weight,
-                source.loaders,
+                "-" if source.loaders is None else source.loaders,
                 index.problems,
                 videos,
                 chats,

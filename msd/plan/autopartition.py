@@ -14,6 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
+
+from msd.recipe.schema import Recipe
+
+# Sources without ``loaders`` each get a process of their own while there are at most this many
+# of them (or the loader CPUs, if more); beyond, they are shared out as ``loaders: auto``.
+OWN_PROCESSES_AT_LEAST = 4
+
 
 @dataclass(frozen=True)
 class Allocation:
@@ -60,3 +68,19 @@ def allocate(
             )
     ordered = tuple(tuple(sorted(g)) for g in sorted(groups, key=min))
     return Allocation(tuple(loaders), ordered, tuple(need), tuple(reason))
+
+
+def with_default_loaders(recipe: Recipe, cpus: int) -> Recipe:
+    """``recipe`` with each source's unset ``loaders`` decided for ``cpus`` loader CPUs: 1 while
+    the unset sources are at most ``max(OWN_PROCESSES_AT_LEAST, cpus)``, or when the recipe
+    says how many share a process (``loader.sources_per_process``); else ``auto``."""
+    unset = [s for s in recipe.sources if s.loaders is None]
+    if not unset:
+        return recipe
+    few = len(unset) <= max(OWN_PROCESSES_AT_LEAST, cpus)
+    value: int | str = 1 if few or recipe.loader.sources_per_process is not None else "auto"
+    sources = tuple(
+        msgspec.structs.replace(s, loaders=value) if s.loaders is None else s
+        for s in recipe.sources
+    )
+    return msgspec.structs.replace(recipe, sources=sources)

@@ -10,9 +10,10 @@ Each visit is read by exactly one shard, so no sample is lost or read twice, and
 never depends on any of this: only who reads what.
 
 A source read by several shards gets one process per shard (it is heavy: that is why it has
-several). Sources with ``loaders: 1`` are light ones: up to ``loader.sources_per_process`` of
-them, in recipe order, share one process, so a thousand sources need not mean a thousand
-processes. A rescale's shards each get their own process, named ``SOURCE@GENERATION/INDEX``.
+several). Sources with ``loaders: 1`` (or unset) are light ones: up to
+``loader.sources_per_process`` of them, in recipe order, share one process, so a thousand
+sources need not mean a thousand processes. A rescale's shards each get their own process,
+named ``SOURCE@GENERATION/INDEX``.
 
 A source with ``shadows: K`` (always in processes of its own) also gets K hot-standby processes,
 ``SOURCE~shadow-k``: each opens the source and waits; when a loader of the source dies, one of
@@ -75,8 +76,11 @@ def loader_name(source: str, index: int, generation: int = 0) -> str:
 
 
 def loaders_of(recipe: Recipe, source: int) -> int:
-    """The recipe's loaders for a source; ``auto`` is resolved at launch (``msd plan``)."""
+    """The recipe's loaders for a source (unset: 1; ``msd launch`` shares unset sources out as
+    ``auto`` when there are many); ``auto`` is resolved at launch (``msd plan``)."""
     loaders = recipe.sources[source].loaders
+    if loaders is None:
+        return 1
     if loaders == "auto":
         raise LaunchError(
             f"sources[{source}].loaders is auto: resolve it first (msd launch does; "
@@ -115,7 +119,7 @@ def loader_processes(
     """Every loader process of the job, in a fixed order: the recipe's (each source's first
     shard in recipe order), then each rescale's, then the shadows (``shadows_used[s]``: how
     many of source s's took a loader's place: as many more were started)."""
-    per_process = max(1, recipe.loader.sources_per_process)
+    per_process = max(1, recipe.loader.sources_per_process or 1)
     names = [s.name for s in recipe.sources]
     grouped = {names.index(n): g for g, group in enumerate(recipe.loader.groups) for n in group}
     processes: list[LoaderProcess] = []

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from msd.plan.autopartition import with_default_loaders
 from msd.plan.partition import LoaderProcess, loader_processes
 from msd.recipe.schema import Recipe
 
@@ -46,8 +47,10 @@ def too_many_loaders(processes: int, cpus: int, cluster: str) -> str | None:
 
 
 def count_processes(recipe: Recipe, cpus: int) -> int:
-    """The loader processes the recipe starts; sources with ``loaders: auto`` are counted at
-    the most they share at launch (the CPUs the fixed sources leave, at least one)."""
+    """The loader processes the recipe starts; sources with ``loaders: auto`` (or unset, when
+    many) are counted at the most they share at launch (the CPUs the fixed sources leave, at
+    least one)."""
+    recipe = with_default_loaders(recipe, recipe.loader.cpus or cpus)
     auto = {s.name for s in recipe.sources if s.loaders == "auto"}
     if not auto:
         return len(loader_processes(recipe))
@@ -57,7 +60,7 @@ def count_processes(recipe: Recipe, cpus: int) -> int:
         recipe, sources=fixed, loader=msgspec.structs.replace(recipe.loader, groups=groups)
     )
     budget = recipe.loader.cpus or cpus
-    fixed_loaders = sum(int(s.loaders) for s in fixed)
+    fixed_loaders = sum(int(s.loaders or 1) for s in fixed)
     return (len(loader_processes(rest)) if fixed else 0) + max(1, budget - fixed_loaders)
 
 

@@ -124,7 +124,7 @@ def _check_source(key: str, source: Source) -> list[Problem]:
     problems += _check_group_rows(key, source)
     fix = "keep 0 or more hot-standby loaders"
     problems += _at_least(f"{key}.shadows", source.shadows, 0, fix)
-    if source.loaders == "auto":
+    if source.loaders is None or source.loaders == "auto":
         return problems
     return problems + _at_least(
         f"{key}.loaders", source.loaders, 1, "use at least 1 loader or auto"
@@ -440,8 +440,9 @@ def _check_rest(recipe: Recipe) -> list[Problem]:
         fix = "hold at least 1 MiB of patches, or omit it for a global batch of image tokens"
         problems += _at_least("loader.buffer_bytes", recipe.loader.buffer_bytes, 2**20, fix)
     per_process = recipe.loader.sources_per_process
-    fix = "serve at least 1 source per loader process"
-    problems += _at_least("loader.sources_per_process", per_process, 1, fix)
+    if per_process is not None:
+        fix = "serve at least 1 source per loader process"
+        problems += _at_least("loader.sources_per_process", per_process, 1, fix)
     prefetch = recipe.constructor.prefetch_steps
     problems += _at_least("constructor.prefetch_steps", prefetch, 1, "prefetch at least 1 step")
     if recipe.constructor.fanout is not None:
@@ -512,7 +513,7 @@ def _check_groups(recipe: Recipe) -> list[Problem]:
                 problems.append(Problem(where, f"names {name!r}, not a source of this recipe"))
             elif name in seen:
                 problems.append(Problem(where, f"names {name!r} again; a source is in one group"))
-            elif names[name].loaders != 1:
+            elif names[name].loaders not in (1, None):
                 fix = "a shared process serves sources with loaders: 1"
                 problems.append(
                     Problem(

@@ -118,6 +118,10 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     clip: cut this source's videos into clips, each a sample (`Clip`); its index then reads
         each video's header once (cached beside the WebDataset indexes) to count its clips.
     chat: its rows are conversations, rendered with a chat template (`Chat`).
+    loaders: the loader processes that read it: a number, ``auto`` (shared out by measured
+        cost at launch: ``msd plan`` shows how), or unset: one of its own while the recipe's
+        unset sources are few (at most the loader CPUs, and 4 at least), else as ``auto``, so
+        that many sources do not mean as many processes.
     shadows: hot-standby loader processes with the source open; one takes over the work of a
         loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
     endpoint_url: an S3-compatible store's endpoint for an ``s3://`` path (default: the AWS
@@ -144,7 +148,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     chat: Chat | None = None
     transform: Transform = Transform()
     repeat: bool = True
-    loaders: int | Literal["auto"] = 1
+    loaders: int | Literal["auto"] | None = None
     shadows: int = 0
     endpoint_url: str | None = None
     anonymous: bool = False
@@ -338,8 +342,9 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         whichever it reaches first); default: a global batch of image tokens' patches
         (``global_batch_tokens × merge_size² × 3·t·patch_size²``). The Planner asks for what it
         waits for whatever the budget, so a small one costs wait, never data.
-    sources_per_process: how many sources with ``loaders: 1`` one loader process serves (in
-        recipe order), so many light sources do not mean as many processes.
+    sources_per_process: how many sources with ``loaders: 1`` (or unset) one loader process
+        serves (in recipe order), so many light sources do not mean as many processes; unset:
+        one, and sources without ``loaders`` are shared out as ``auto`` when there are many.
     cpus: the loader processes that sources with ``loaders: auto`` share (default: this
         machine's CPUs); ``msd plan`` shows how they are shared out.
     groups: sources (by name) that share one loader process each; ``loaders: auto`` writes
@@ -354,7 +359,7 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     block_row_groups: int = 1
     buffer_tokens: int | None = None
     buffer_bytes: int | None = None
-    sources_per_process: int = 1
+    sources_per_process: int | None = None
     cpus: int | None = None
     groups: tuple[tuple[str, ...], ...] = ()
     autoscale: Autoscale = Autoscale()

@@ -39,6 +39,9 @@ class SourceProfile:
         return (self.read_s + self.transform_s) / max(1, self.tokens)
 
 
+PROFILE_CHUNK = 64  # rows tokenized between looks at the clock
+
+
 def profile_source(
     spec: Source,
     where: str,
@@ -76,16 +79,21 @@ def profile_source(
         column = read(rg)
         read_s += time.perf_counter() - started
         column = column.slice(0, max_samples - samples)
-        text_bytes += _nbytes(column)
         if samples == 0:
             tokenize(column.slice(0, 8))  # first-call costs (imports, caches) are not per token
-        started = time.perf_counter()
-        ids = tokenize(column)
-        transform_s += time.perf_counter() - started
-        samples += len(ids)
-        new = [len(t) for t in ids]
-        lengths += new
-        tokens += sum(new)
+        # A chunk at a time, so that the time budget holds within a row group of images too.
+        for start in range(0, len(column), PROFILE_CHUNK):
+            chunk = column.slice(start, PROFILE_CHUNK)
+            text_bytes += _nbytes(chunk)
+            started = time.perf_counter()
+            ids = tokenize(chunk)
+            transform_s += time.perf_counter() - started
+            samples += len(ids)
+            new = [len(t) for t in ids]
+            lengths += new
+            tokens += sum(new)
+            if transform_s >= max_s:
+                break
         if samples >= max_samples or transform_s >= max_s:
             break
     return SourceProfile(samples, tokens, text_bytes, read_s, transform_s, tuple(lengths))

@@ -3,6 +3,7 @@ loader processes in one line (every process is listed in JOB/loaders.txt)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def recipe(root: Path, name: str, loaders: int | str = 1, **extra: Any) -> str:
+def recipe(root: Path, name: str, loaders: int | str | None = 1, **extra: Any) -> str:
     r: dict[str, Any] = {
         "name": name,
         "steps": 3,
@@ -41,7 +42,7 @@ def recipe(root: Path, name: str, loaders: int | str = 1, **extra: Any) -> str:
                 "path": f"data/src{i:03d}/*.parquet",
                 "text_column": "text",
                 "weight": 1 + i % 5,
-                "loaders": loaders,
+                **({} if loaders is None else {"loaders": loaders}),
             }
             for i in range(SOURCES)
         ],
@@ -82,6 +83,29 @@ def test_launch_summarises_loaders_instead_of_naming_every_source(many: Path) ->
     assert "more sources (--json has them all)" in result.stdout
     (job,) = (many / "runs").glob("auto-*")
     lines = (job / "loaders.txt").read_text().splitlines()
+    served = sorted(s for line in lines for s in line.split("\t")[1].split(", "))
+    assert served == [f"src{i:03d}" for i in range(SOURCES)]
+
+
+def test_by_default_many_sources_share_a_handful_of_processes_as_msd_plan_says(
+    many: Path,
+) -> None:
+    """No ``loaders`` and no ``loader:`` section: 80 sources on 2 loader CPUs are not 80
+    processes, and `msd plan` says what `msd launch` starts (both measure what the sources
+    cost, each time: a light source's grouping may differ by a process)."""
+    plain = recipe(many, "plain", loaders=None)
+    doc = yaml.safe_load((many / plain).read_text())
+    doc["loader"] = {"cpus": 2}  # as on a 2-CPU machine, whatever this one has
+    (many / plain).write_text(yaml.safe_dump(doc, sort_keys=False))
+    planned = run_msd("plan", plain, "--json", cwd=many)
+    assert planned.returncode == 0, planned.stderr
+    processes = json.loads(planned.stdout)["processes"]
+    assert processes <= 4
+    result = run_msd("launch", plain, cwd=many)
+    assert result.returncode == 0, result.stderr
+    (job,) = (many / "runs").glob("plain-*")
+    lines = (job / "loaders.txt").read_text().splitlines()
+    assert len(lines) <= 4 and abs(len(lines) - processes) <= 1, (lines, processes)
     served = sorted(s for line in lines for s in line.split("\t")[1].split(", "))
     assert served == [f"src{i:03d}" for i in range(SOURCES)]
 

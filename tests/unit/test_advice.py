@@ -53,9 +53,16 @@ def test_advice_is_one_sentence_naming_the_count_and_the_keys():
     assert on_slurm is not None and "SLURM job" in on_slurm
 
 
-def test_count_is_one_per_source_by_default_and_shared_with_sources_per_process():
-    assert count_processes(recipe(100), cpus=8) == 100
+def test_few_sources_get_one_each_by_default_and_many_share_the_cpus():
+    assert count_processes(recipe(8), cpus=8) == 8  # few: one process each
+    assert count_processes(recipe(4), cpus=2) == 4  # at least 4 of their own
+    assert count_processes(recipe(100), cpus=8) == 8  # many: shared out as auto
     assert count_processes(recipe(100, sources_per_process=16), cpus=8) == 7
+    ones = recipe(100)
+    ones = msgspec.structs.replace(
+        ones, sources=tuple(msgspec.structs.replace(s, loaders=1) for s in ones.sources)
+    )
+    assert count_processes(ones, cpus=8) == 100  # loaders: 1, as the recipe says
 
 
 def test_auto_sources_count_at_most_the_cpus_left_to_them():
