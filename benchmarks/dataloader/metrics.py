@@ -130,6 +130,25 @@ def cpu(samples: list[Sample], start: float, end: float, tokens_per_s: float) ->
     return {"cpu_s_per_mtok": busy / tokens_per_s * 1e6, "cpu_cores_busy": busy}
 
 
+def by_kind(samples: list[Sample], start: float, end: float) -> dict[str, dict[str, float]]:
+    """Per kind of data process (where the sampler named kinds): CPU cores busy in the warm
+    window, peak summed PSS (MiB), and the most processes of the kind at once."""
+    inside = [s for s in samples if start <= s.time <= end]
+    kinds = sorted({k for s in samples for k in s.pss_by_kind})
+    found: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        busy = float("nan")
+        if len(inside) >= 2:
+            used = inside[-1].cpu_by_kind.get(kind, 0.0) - inside[0].cpu_by_kind.get(kind, 0.0)
+            busy = used / (inside[-1].time - inside[0].time)
+        found[kind] = {
+            "cpu_cores_busy": busy,
+            "peak_pss_mib": max(s.pss_by_kind.get(kind, 0) for s in samples) / 2**20,
+            "processes": max(s.count_by_kind.get(kind, 0) for s in samples),
+        }
+    return found
+
+
 def measure(log_dir: Path, samples: list[Sample], warmup: int) -> dict[str, Any]:
     """Every metric of one run."""
     table = steps_by_rank(read_rank_logs(log_dir))
@@ -139,5 +158,8 @@ def measure(log_dir: Path, samples: list[Sample], warmup: int) -> dict[str, Any]
     result |= waits(table, warmup)
     result |= balance(table, warmup) | memory(samples, read_idle(log_dir))
     result |= cpu(samples, rate["window_start"], rate["window_end"], rate["tokens_per_s"])
+    kinds = by_kind(samples, rate["window_start"], rate["window_end"])
+    if kinds:
+        result["by_kind"] = kinds
     result["wait_ms_warm"] = [round(r["wait_ms"], 3) for step in table[warmup:] for r in step]
     return result

@@ -10,12 +10,16 @@ the same geometry by both systems):
   every source, decoding and fusing its own samples, packing its rank's micro-batch; no
   balancing;
 * msd: the same sources as a recipe (``image_column``, ``vision:``, ``cost`` with the encoder's
-  terms, ``balance.objective: sum``, ``long_samples: truncate``) through ``msd launch``.
+  terms, ``balance.objective: sum``, ``long_samples: truncate``) through ``msd launch``, with
+  msd's defaults for the loader processes (no ``loaders`` per source, no ``loader:`` section:
+  many sources share the loader CPUs by measured cost) unless ``--sources-per-process``,
+  ``--buffer-tokens`` or ``--buffer-bytes`` asks otherwise.
 
 Both feed ``trainer.py``, whose cost for a VLM batch is the backbone's ``attn·Σlen² + lin·Σlen``
 plus the encoder's ``enc_attn·Σp² + enc_lin·Σp`` over its images (``vlm_cost.py``); an average
 rank computes ``target_step_ms`` per step. Per point: steps/s, data-wait, peak data-plane PSS
-(workers or roles, plus the ranks' growth), data-plane CPU seconds per 1,000 images, images/s,
+(workers or roles, plus the ranks' growth), data-plane CPU seconds per 1,000 images (and, for
+msd, each role's: the loaders' beside the DataLoader workers'), images/s, msd's loader processes,
 and on the baseline's batches the speed-up perfect balancing allows (``metrics.balance``, the
 bound with the costliest sample's encoder + backbone cost). Writes ``dataloader-vlm.json`` /
 ``.md`` (``--quick``: ``dataloader-vlm-quick.*``) to ``--out``.
@@ -56,7 +60,6 @@ TRAINER_MODULE = "benchmarks.dataloader.trainer"
 SYSTEMS = ("baseline", "msd")
 STEPS, WARMUP, QUICK_STEPS = 40, 8, 16
 TARGET_STEP_S = 1.0
-SOURCES_PER_PROCESS = 32
 VLM_COST = CostModel(attn=1.0, lin=256.0, enc_attn=1.0, enc_lin=256.0)
 MEMORY_TARGET = 13.5  # at S = 64 (the issue's)
 BALANCE_TARGET = 0.95  # msd speed-up / perfect-balance speed-up
@@ -110,10 +113,24 @@ def images_per_s(log_dir: Path, warmup: int, elapsed_s: float) -> dict[str, floa
 
 
 def finish(result: dict[str, Any], log_dir: Path, warmup: int) -> dict[str, Any]:
-    """Add images/s and data-plane CPU seconds per 1,000 images to ``measure``'s result."""
+    """Add images/s and data-plane CPU seconds per 1,000 images (in all, and per kind of data
+    process) to ``measure``'s result."""
     result |= images_per_s(log_dir, warmup, result["warm_elapsed_s"])
-    result["cpu_s_per_kimage"] = result["cpu_cores_busy"] / result["images_per_s"] * 1000
+    per_kimage = 1000 / result["images_per_s"]
+    result["cpu_s_per_kimage"] = result["cpu_cores_busy"] * per_kimage
+    for kind in result.get("by_kind", {}).values():
+        kind["cpu_s_per_kimage"] = kind["cpu_cores_busy"] * per_kimage
     return result
+
+
+def role_of(proc: psutil.Process) -> str:
+    """A role process's role (``planner``, ``loader``, ``constructor``) from its command line."""
+    try:
+        argv = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return "?"
+    at = argv.index("msd.roles") if "msd.roles" in argv else -2
+    return argv[at + 1] if 0 <= at + 1 < len(argv) else "?"
 
 
 def trainer_argv(system: str, log_dir: Path, model: CostModel, spc: float) -> list[str]:
@@ -180,7 +197,7 @@ def run_ranks(point: Any, run_dir: Path, argv: list[str], settings: Settings) ->
         alive = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
         return children_of(pids), alive
 
-    sampler = ProcessSampler(discover, settings.sample_interval_s)
+    sampler = ProcessSampler(discover, settings.sample_interval_s, lambda _: "worker")
     sampler.start()
     try:
         error = wait_ranks(children, settings.timeout_s)
@@ -202,19 +219,22 @@ def recipe_dict(
     settings: Settings,
     vision: Vision,
     command: str,
-    sources_per_process: int,
+    sources_per_process: int | None = None,
     options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The recipe; ``options``: ``buffer_tokens``, ``buffer_bytes`` (loader read-ahead),
-    ``balance_method``."""
+    ``balance_method``. Without ``sources_per_process`` or a read-ahead option the recipe has
+    no ``loader:`` section: msd decides the loader processes."""
     model = settings.cost
     options = options or {}
-    loader: dict[str, Any] = {"sources_per_process": sources_per_process}
+    loader: dict[str, Any] = {}
+    if sources_per_process:
+        loader["sources_per_process"] = sources_per_process
     for key in ("buffer_tokens", "buffer_bytes"):
         if options.get(key):
             loader[key] = options[key]
     method = options.get("balance_method") or "greedy"
-    return {
+    recipe: dict[str, Any] = {
         "name": f"dl-{point.key}",
         "seed": settings.seed,
         "steps": settings.steps,
@@ -232,7 +252,6 @@ def recipe_dict(
                 "transform": {"kind": "bytes"},
                 "weight": s.weight,
                 "repeat": True,
-                "loaders": 1,
             }
             for s in dataset.sources
         ],
@@ -243,9 +262,11 @@ def recipe_dict(
             "enc_lin": model.enc_lin,
         },
         "balance": {"method": method, "long_samples": "truncate", "objective": "sum"},
-        "loader": loader,
         "trainer": {"command": command, "ranks": point.ranks},
     }
+    if loader:
+        recipe["loader"] = loader
+    return recipe
 
 
 def run_msd(
@@ -261,7 +282,7 @@ def run_msd(
     command = " ".join(
         ["python", "-m", TRAINER_MODULE, "msd", *trainer_argv("msd", log_dir, settings.cost, spc)]
     )
-    per_process = settings.sources_per_process or SOURCES_PER_PROCESS
+    per_process = settings.sources_per_process
     recipe = recipe_dict(point, dataset, settings, vision, command, per_process, MSD_OPTIONS)
     result, summary = run_launcher(recipe, run_dir, settings)
     if "error" in result:
@@ -269,7 +290,7 @@ def run_msd(
     keys = ("steps", "tokens", "tokens_per_s", "images", "skipped_images", "truncated_samples")
     return finish(result, log_dir, settings.warmup) | {
         "sources_per_process": per_process,
-        "recipe_loader": recipe["loader"],
+        "recipe_loader": recipe.get("loader", {}),
         "balance_method": recipe["balance"]["method"],
         "msd_summary": {k: summary.get(k) for k in keys},
     }
@@ -294,7 +315,7 @@ def run_launcher(
                 found[kind].append(proc)
         return found["role"], found["trainer"]
 
-    sampler = ProcessSampler(discover, settings.sample_interval_s)
+    sampler = ProcessSampler(discover, settings.sample_interval_s, role_of)
     sampler.start()
     try:
         error = wait_launcher(launcher, settings.timeout_s)
@@ -410,6 +431,8 @@ COLUMNS = (
     "wait p50 ms base / msd",
     "wait p99 ms base / msd",
     "CPU s / 1k images base / msd",
+    "decode CPU s / 1k images: workers / msd loaders",
+    "msd loader processes",
     "CPU cores busy base / msd",
     "start-up s base / msd",
 )
@@ -424,13 +447,21 @@ LEGEND = (
     "Σ_steps max(mean-rank cost, costliest sample: its sequence + its images), the bound no "
     f"split beats; msd speed-up / allowed = msd speed-up / that bound (target ≥ {BALANCE_TARGET})."
     " CPU: the data processes' CPU seconds per second in the warm window, per 1,000 images "
-    "delivered. Wait: time a rank blocked getting its batch, all ranks' warm steps. W applies "
+    "delivered; decode CPU: the DataLoader workers' (read, decode, fuse, pack) against msd's "
+    "loader processes' alone (read, decode, fuse, report, send), the Planner and Constructor "
+    "left out. Wait: time a rank blocked getting its batch, all ranks' warm steps. W applies "
     "to the baseline only. Weights: all sources equal."
 )
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def kind_get(result: dict[str, Any] | None, kind: str, key: str) -> float | None:
+    """A per-kind figure of a run (``by_kind``); None where it was not measured."""
+    value = ((result or {}).get("by_kind") or {}).get(kind, {}).get(key)
+    return None if value is None else float(value)
 
 
 def table_row(entry: dict[str, Any]) -> str:
@@ -461,10 +492,21 @@ def table_row(entry: dict[str, Any]) -> str:
         pair("wait_p50_ms", 1),
         pair("wait_p99_ms", 1),
         pair("cpu_s_per_kimage"),
+        f"{_fmt(kind_get(b, 'worker', 'cpu_s_per_kimage'))} / "
+        f"{_fmt(kind_get(m, 'loader', 'cpu_s_per_kimage'))}",
+        _fmt(kind_get(m, "loader", "processes"), 0),
         pair("cpu_cores_busy"),
         pair("startup_s", 0),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def loaders_of(settings: dict[str, Any]) -> str:
+    """How the msd runs' loader processes were decided."""
+    per_process = settings.get("sources_per_process")
+    if per_process:
+        return f"loader.sources_per_process {per_process}"
+    return "with its defaults for the loader processes (no loader: section, no loaders per source)"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -477,8 +519,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{m['python']}, torch {m['torch']}, pyarrow {m['pyarrow']}; {m['date']}.",
         "",
         f"Runs: {s['steps']} steps ({s['warmup']} warm-up), an average rank computing "
-        f"{s['target_step_s'] * 1000:.0f} ms a step; cost {s['cost']}; msd "
-        f"loader.sources_per_process {s['sources_per_process']}.",
+        f"{s['target_step_s'] * 1000:.0f} ms a step; cost {s['cost']}; msd {loaders_of(s)}.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
@@ -535,7 +576,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument("--target-step-ms", type=float, default=TARGET_STEP_S * 1000)
-    parser.add_argument("--sources-per-process", type=int, default=SOURCES_PER_PROCESS)
+    parser.add_argument(
+        "--sources-per-process",
+        type=int,
+        help="msd's loader.sources_per_process (default: none, msd's own partition)",
+    )
     parser.add_argument("--images", type=int, default=VlmDataSpec.images, help="per source")
     parser.add_argument("--rg-images", type=int, default=VlmDataSpec.rg_images)
     parser.add_argument("--max-pixels", type=int, default=MAX_PIXELS)
