@@ -45,6 +45,10 @@ class SampleImages:
     def is_video(self, k: int) -> bool:
         return bool(self.videos) and self.videos[k]
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.patches.nbytes)
+
     def starts(
         self,
         tokens: np.ndarray,
@@ -57,10 +61,7 @@ class SampleImages:
         held = tokens == image_token_id
         if video_token_id is not None and any(self.videos):
             held |= tokens == video_token_id
-        where = np.flatnonzero(held)
-        per_item = np.array(self.counts, dtype=np.int64) // merge_size**2
-        first = np.concatenate(([0], np.cumsum(per_item)[:-1]))
-        return where[first] if len(where) else np.zeros(0, dtype=np.int64)
+        return placeholder_starts(held, self.counts, merge_size)
 
     def subset(self, first: int, stop: int) -> SampleImages:
         """Items ``first .. stop - 1``."""
@@ -71,3 +72,42 @@ class SampleImages:
             self.videos[first:stop],
             self.video_rows,
         )
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedImages:
+    """A sample's images not decoded yet (a loader holds them so until the sample is routed):
+    each image's bytes as stored, and the grid (frames, patch rows, patch columns) its header
+    declares, in the order of their placeholders. Images only: a sample with videos is decoded
+    as it is read."""
+
+    encoded: tuple[bytes, ...]
+    grids: tuple[tuple[int, int, int], ...]
+    videos: tuple[bool, ...] = ()
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(t * h * w for t, h, w in self.grids)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(data) for data in self.encoded)
+
+    def starts(
+        self,
+        tokens: np.ndarray,
+        image_token_id: int,
+        merge_size: int,
+        video_token_id: int | None = None,
+    ) -> np.ndarray:
+        """As `SampleImages.starts`."""
+        return placeholder_starts(tokens == image_token_id, self.counts, merge_size)
+
+
+def placeholder_starts(held: np.ndarray, counts: tuple[int, ...], merge_size: int) -> np.ndarray:
+    """Where each item's placeholders begin, given which tokens are placeholders (``held``)
+    and each item's patches (``patches / merge_size²`` placeholders each, in order)."""
+    where = np.flatnonzero(held)
+    per_item = np.array(counts, dtype=np.int64) // merge_size**2
+    first = np.concatenate(([0], np.cumsum(per_item)[:-1]))
+    return where[first] if len(where) else np.zeros(0, dtype=np.int64)

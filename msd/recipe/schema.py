@@ -337,8 +337,9 @@ class LoaderOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     buffer_tokens: read-ahead of the whole data plane, shared out over the sources by their
         largest share of the mix (at least ``seq_len`` tokens each); default
         ``prefetch_steps + 4`` global batches (a few MB: tokens are small next to row groups).
-    buffer_bytes: how many bytes of decoded image patches the whole data plane's loaders hold
-        unrouted, shared out like ``buffer_tokens`` (an image source stops reading ahead at
+    buffer_bytes: how many bytes of images the whole data plane's loaders hold unrouted (an
+        image's bytes as stored until its sample is routed, or its patches where those are
+        fewer), shared out like ``buffer_tokens`` (an image source stops reading ahead at
         whichever it reaches first); default: a global batch of image tokens' patches
         (``global_batch_tokens × merge_size² × 3·t·patch_size²``). The Planner asks for what it
         waits for whatever the budget, so a small one costs wait, never data.

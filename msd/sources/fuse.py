@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from msd.recipe.schema import Clip, Recipe, Source, Video, Vision
-from msd.sample import FILLER, SampleImages
+from msd.sample import FILLER, EncodedImages, SampleImages
 from msd.sources import video as videos
 from msd.sources.chat import Conversations
 from msd.sources.chat_rows import LEFT_OUT as CHAT_LEFT_OUT
@@ -43,9 +43,19 @@ from msd.sources.clips import ClipRule, clip_count, clip_window
 from msd.sources.formats.base import ColumnKind
 from msd.sources.transforms import Ids, Tokenize, boundaries, make_transform
 from msd.sources.video import DecodedVideo, VideoHeader, VideoSpec, Window
-from msd.sources.vision import DecodedImage, DecodeFailure, ImageGeometry, decode
+from msd.sources.vision import (
+    DecodedImage,
+    DecodeFailure,
+    EncodedImage,
+    ImageGeometry,
+    decode,
+    decode_encoded,
+    probe,
+)
 
-Visual = DecodedImage | DecodedVideo
+Image = DecodedImage | EncodedImage
+Visual = DecodedImage | DecodedVideo | EncodedImage
+Held = SampleImages | EncodedImages  # a sample's images as a loader holds them
 _S = TypeVar("_S")  # a segment of a sample's text, or its index
 
 Skips = Counter[str]
@@ -63,6 +73,7 @@ VIDEO_NO_BYTES = "videos without bytes"
 UNPAIRED_VIDEO = "videos without a marker"
 UNPAIRED_VIDEO_MARKER = "video markers without a video"
 VIDEO_UNDECODABLE = "videos undecodable"  # followed by the reason, e.g. "(truncated)"
+DAMAGED = "images undecodable once routed (sent black)"
 
 
 @dataclass(frozen=True)
@@ -141,22 +152,53 @@ def fuse_spec(recipe: Recipe, with_videos: bool = False, clip: Clip | None = Non
 
 
 def decode_all(
-    images: Sequence[bytes | None], geometry: ImageGeometry, skips: Skips
-) -> list[DecodedImage | None]:
-    """Each image decoded, or None (counted) when it has no bytes or does not decode."""
-    out: list[DecodedImage | None] = []
-    for data in images:
+    images: Sequence[bytes | None], geometry: ImageGeometry, skips: Skips, defer: bool = False
+) -> list[Image | None]:
+    """Each image decoded, or None (counted) when it has no bytes or does not decode.
+    ``defer``: each known from its header (`vision.probe`), to be decoded when routed
+    (`decode_held`); all of them decoded now where any one's header cannot tell, or where any
+    one's bytes are more than its patches (a large photo: holding its patches costs less)."""
+    found = [_probe_or_decode(data, geometry, defer) for data in images]
+    if any(f is None or _larger_encoded(f, geometry) for f in found):
+        found = [_probe_or_decode(data, geometry, False) for data in images]
+    out: list[Image | None] = []
+    for data, f in zip(images, found, strict=True):
         if data is None or not len(data):
             skips[NO_BYTES] += 1
-            out.append(None)
-            continue
-        decoded = decode(bytes(data), geometry)
-        if isinstance(decoded, DecodeFailure):
+        elif isinstance(f, DecodeFailure):
             skips[UNDECODABLE] += 1
-            out.append(None)
-        else:
-            out.append(decoded)
+        out.append(None if f is None or isinstance(f, DecodeFailure) else f)
     return out
+
+
+def _larger_encoded(found: Image | DecodeFailure, geometry: ImageGeometry) -> bool:
+    """An image held as bytes that would take less memory as patches."""
+    if not isinstance(found, EncodedImage):
+        return False
+    return len(found.data) > found.count * geometry.patch_values
+
+
+def _probe_or_decode(
+    data: bytes | None, geometry: ImageGeometry, defer: bool
+) -> Image | DecodeFailure | None:
+    if data is None or not len(data):
+        return DecodeFailure("empty")
+    return probe(bytes(data), geometry) if defer else decode(bytes(data), geometry)
+
+
+def decode_held(images: EncodedImages, geometry: ImageGeometry, skips: Skips) -> SampleImages:
+    """The patches of a sample's images known from their headers. An image whose bytes do not
+    decode after all (damaged past its header) keeps the place and patches it was planned
+    with, all zero (black), and is counted: what was planned is what is sent."""
+    parts = []
+    for data, grid in zip(images.encoded, images.grids, strict=True):
+        encoded = EncodedImage(data, grid, 0, (0, 0))
+        patches = decode_encoded(encoded, geometry)
+        if patches is None:
+            skips[DAMAGED] += 1
+            patches = np.zeros((encoded.count, geometry.patch_values), dtype=np.uint8)
+        parts.append(patches)
+    return SampleImages(np.concatenate(parts), images.grids)
 
 
 @dataclass
@@ -220,13 +262,13 @@ def _window(header: VideoHeader, rule: ClipRule, k: int) -> Window | DecodeFailu
 
 def fuse(
     segments: Sequence[Ids],
-    images: Sequence[DecodedImage | None],
+    images: Sequence[Image | None],
     spec: FuseSpec,
     skips: Skips,
     clips: Sequence[DecodedVideo | None] = (),
     kinds: Sequence[bool] | None = None,
     frame: tuple[int | None, int | None] = (None, None),
-) -> tuple[Ids, SampleImages | None]:
+) -> tuple[Ids, Held | None]:
     """The fused ids of a sample whose text tokenized to ``segments`` (one more than markers,
     or one: no markers), its images and videos (None: not decoded; ``kinds``: which markers
     are video markers, None: none are), and the images and videos kept. ``frame``: the
@@ -238,13 +280,13 @@ def fuse(
 def fuse_masked(
     segments: Sequence[Ids],
     masks: Sequence[np.ndarray] | None,
-    images: Sequence[DecodedImage | None],
+    images: Sequence[Image | None],
     spec: FuseSpec,
     skips: Skips,
     clips: Sequence[DecodedVideo | None] = (),
     kinds: Sequence[bool] | None = None,
     frame: tuple[int | None, int | None] = (None, None),
-) -> tuple[Ids, SampleImages | None, np.ndarray | None]:
+) -> tuple[Ids, Held | None, np.ndarray | None]:
     """`fuse`, and with ``masks`` (a bool a token of each segment: trained or not), the fused
     sample's: its text tokens keep theirs; placeholders, fillers, bos and eos are not trained
     (None without ``masks``)."""
@@ -305,16 +347,20 @@ def _mask_of(masks: Sequence[np.ndarray] | None, i: int, segments: Sequence[Ids]
     return np.ones(len(segments[i]), dtype=bool) if masks is None else masks[i]
 
 
-def _sample_images(kept: Sequence[Visual], spec: FuseSpec) -> SampleImages:
+def _sample_images(kept: Sequence[Visual], spec: FuseSpec) -> Held:
     """The patches of ``kept`` as one array of the image patch width (a video patch, of more
-    frames, takes several rows)."""
+    frames, takes several rows); images known from their headers, their bytes as they are."""
     width = spec.geometry.patch_values
-    if not any(isinstance(v, DecodedVideo) for v in kept):
+    encoded = [v for v in kept if isinstance(v, EncodedImage)]
+    if encoded:  # all of them, or none (`decode_all`)
+        return EncodedImages(tuple(v.data for v in encoded), tuple(v.grid for v in encoded))
+    decoded = [v for v in kept if not isinstance(v, EncodedImage)]
+    if not any(isinstance(v, DecodedVideo) for v in decoded):
         return SampleImages(
-            np.concatenate([im.patches for im in kept]), tuple(im.grid for im in kept)
+            np.concatenate([im.patches for im in decoded]), tuple(im.grid for im in decoded)
         )
     assert spec.video is not None
-    parts = [v.patches.reshape(-1, width) for v in kept]
+    parts = [v.patches.reshape(-1, width) for v in decoded]
     # A sample of one video (the usual case) keeps its decoded array: no copy of its patches.
     patches = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return SampleImages(
@@ -327,7 +373,7 @@ def _sample_images(kept: Sequence[Visual], spec: FuseSpec) -> SampleImages:
 
 def _pair(
     segments: Sequence[_S],
-    images: Sequence[DecodedImage | None],
+    images: Sequence[Image | None],
     skips: Skips,
     clips: Sequence[DecodedVideo | None] = (),
     kinds: Sequence[bool] | None = None,
@@ -386,7 +432,7 @@ def _within_patches(
     """``fill``, or more fillers to move the image to the next row (``split``), so that no piece
     of the sample holds more than ``max_patches`` patches; None (counted): it cannot be."""
     assert spec.max_patches is not None
-    own = len(image.patches)
+    own = image.count if isinstance(image, EncodedImage) else len(image.patches)
     split = spec.long_samples == "split"
     piece = (length + fill) // spec.seq_len if split else 0
     if own <= spec.max_patches and patches.get(piece, 0) + own > spec.max_patches and split:
@@ -447,11 +493,18 @@ class Fuser:
     are read only when ``spec.video`` is set (a source of videos). ``tokenize`` tokenizes the
     text between markers; ``frame``, the bos and eos put around each sample (`of_source`).
     ``chat``: the rows' text is a conversation, rendered and tokenized by it, its markers where
-    the template put them; ``trained`` then holds each sample's trained spans."""
+    the template put them; ``trained`` then holds each sample's trained spans. ``defer``: a
+    source of images only gives each sample's images as their bytes (`EncodedImages`), their
+    places planned from their headers, decoded by `decoded` once the sample is routed."""
 
     @classmethod
     def of_source(
-        cls, source: Source, column_kind: ColumnKind, spec: FuseSpec, require_text: bool
+        cls,
+        source: Source,
+        column_kind: ColumnKind,
+        spec: FuseSpec,
+        require_text: bool,
+        defer: bool = False,
     ) -> Fuser:
         """The Fuser of ``source``: its text pieces tokenized without bos and eos, which go
         around each whole sample; or its conversations rendered."""
@@ -459,9 +512,9 @@ class Fuser:
         if source.chat is not None:
             markers = (spec.marker, spec.video_marker if spec.video is not None else "")
             chat = conversations_of(source, markers)
-            return cls(_untokenized, spec, require_text, frame, chat)
+            return cls(_untokenized, spec, require_text, frame, chat, defer)
         pieces = make_transform(source.transform, column_kind, documents=False)
-        return cls(pieces, spec, require_text, frame)
+        return cls(pieces, spec, require_text, frame, defer=defer)
 
     def __init__(
         self,
@@ -470,8 +523,10 @@ class Fuser:
         require_text: bool,
         frame: tuple[int | None, int | None] = (None, None),
         chat: Conversations | None = None,
+        defer: bool = False,
     ) -> None:
         self.tokenize, self.spec, self.require_text = tokenize, spec, require_text
+        self.defer = defer and spec.video is None
         self.frame = frame  # each sample's bos and eos
         self.chat = chat
         self.skips: Skips = Counter()
@@ -534,7 +589,7 @@ class Fuser:
             out.append(_Text(ids, masks, [m == "video" for m in rendered.media]))
         return out
 
-    def __call__(self, rows: pa.StructArray) -> tuple[list[Ids], list[SampleImages | None]]:
+    def __call__(self, rows: pa.StructArray) -> tuple[list[Ids], list[Held | None]]:
         texts: list[bytes | None] = rows.field("text").to_pylist()
         images: list[list[bytes | None] | None] = rows.field("images").to_pylist()
         with_videos = self.spec.video is not None
@@ -543,7 +598,7 @@ class Fuser:
         )
         which: list[int] = rows.field("clip").to_pylist()
         ids: list[Ids] = []
-        kept: list[SampleImages | None] = []
+        kept: list[Held | None] = []
         self.skipped_per_sample, self.trained = [], []
         prepared = self._texts(texts)
         for text, row, own, own_clips, k in zip(texts, prepared, images, clips, which, strict=True):
@@ -577,16 +632,22 @@ class Fuser:
             )
         return ids, kept
 
+    def decoded(self, images: Held) -> SampleImages:
+        """A sample's images as patches (decoded now if they were held as bytes)."""
+        if isinstance(images, EncodedImages):
+            return decode_held(images, self.spec.geometry, self.skips)
+        return images
+
     def _decoded(
         self, row: _Text, own: list[bytes | None], own_clips: list[bytes | None], k: int
-    ) -> tuple[list[DecodedImage | None], list[DecodedVideo | None]]:
+    ) -> tuple[list[Image | None], list[DecodedVideo | None]]:
         """A row's images and videos decoded, those its markers pair with; None for the rest
         (counted by fuse)."""
         marked_videos = sum(row.kinds) if row.kinds else 0
         paired, paired_clips = paired_counts(
             len(row.segments) - 1, marked_videos, len(own), len(own_clips)
         )
-        decoded = decode_all(own[:paired], self.spec.geometry, self.skips)
+        decoded = decode_all(own[:paired], self.spec.geometry, self.skips, self.defer)
         decoded += [None] * (len(own) - paired)
         decoded_clips: list[DecodedVideo | None] = []
         if own_clips:

@@ -160,20 +160,107 @@ def decode(data: bytes, geometry: ImageGeometry = DEFAULT_GEOMETRY) -> DecodedIm
     try:
         return _decode(data, geometry)
     except Exception as exc:  # untrusted bytes: every failure is data, not a crash
-        reason = _reason(exc)
-        log.debug("image not decoded: %s (%s: %s)", reason, type(exc).__name__, exc)
-        return DecodeFailure(reason)
+        return _failure(exc)
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedImage:
+    """An image known from its header, not decoded yet: its bytes, and the patches and tokens
+    its declared size (turned upright) gives. `decode_encoded` makes its patches."""
+
+    data: bytes
+    grid: tuple[int, int, int]
+    tokens: int
+    original_hw: tuple[int, int]
+
+    @property
+    def count(self) -> int:
+        """Its patches."""
+        t, h, w = self.grid
+        return t * h * w
+
+
+def probe(
+    data: bytes, geometry: ImageGeometry = DEFAULT_GEOMETRY
+) -> EncodedImage | DecodeFailure | None:
+    """The image in ``data`` as its header declares it; or why `decode` refuses it by the
+    header (format, size, aspect ratio: the same failure `decode` gives); or None where only
+    decoding can tell: a JPEG, PNG or WebP whose bytes end before its framing says the image
+    does. Never raises. `decode` gives every image `probe` accepts the grid and tokens `probe`
+    says, unless its bytes are damaged past the header (`decode_encoded` says so)."""
+    if not data:
+        return DecodeFailure("empty")
+    try:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+            if image.format == "PNG" and b"eXIf" in data:
+                return None  # Pillow reads a PNG's EXIF by decoding it (it may follow the pixels)
+            header = _header(image, geometry, exif=image.format != "PNG")
+            if isinstance(header, DecodeFailure):
+                return header
+            if not _complete(data, image.format):
+                return None
+    except Exception as exc:  # untrusted bytes, as in decode
+        return _failure(exc)
+    height, width = header[0]
+    return EncodedImage(
+        data,
+        grid_thw(height, width, geometry),
+        placeholder_tokens(height, width, geometry),
+        (height, width),
+    )
+
+
+def decode_encoded(
+    image: EncodedImage, geometry: ImageGeometry = DEFAULT_GEOMETRY
+) -> Pixels | None:
+    """The patches of an image `probe` accepted; None where its bytes do not decode or give
+    another size than the header declared (then nothing of it can be used)."""
+    decoded = decode(image.data, geometry)
+    if isinstance(decoded, DecodeFailure) or decoded.grid != image.grid:
+        return None
+    return decoded.patches
+
+
+def _failure(exc: Exception) -> DecodeFailure:
+    reason = _reason(exc)
+    log.debug("image not decoded: %s (%s: %s)", reason, type(exc).__name__, exc)
+    return DecodeFailure(reason)
+
+
+def _header(
+    image: Image.Image, geometry: ImageGeometry, exif: bool = True
+) -> tuple[tuple[int, int], int | None] | DecodeFailure:
+    """The upright (height, width) an opened image declares and its EXIF orientation, or why
+    it is refused before decoding (``exif`` False: it has none)."""
+    stored_w, stored_h = image.size
+    rejected = _rejection(stored_h, stored_w, geometry)
+    if rejected is not None:
+        return DecodeFailure(rejected)
+    orientation = image.getexif().get(_ORIENTATION_TAG) if exif else None
+    swapped = orientation in _SWAPPING_ORIENTATIONS
+    return ((stored_w, stored_h) if swapped else (stored_h, stored_w)), orientation
+
+
+def _complete(data: bytes, fmt: str | None) -> bool:
+    """Whether ``data`` holds the whole image as far as its framing tells, without decoding:
+    a JPEG's end-of-image marker after its last scan, a PNG's IEND chunk, a WebP's RIFF size
+    (what Pillow would find truncated when it decodes). Other formats: assumed whole."""
+    if fmt == "JPEG":
+        return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda") >= 0
+    if fmt == "PNG":
+        return data.rfind(b"IEND") > 0
+    if fmt == "WEBP":
+        return len(data) >= 8 + int.from_bytes(data[4:8], "little")
+    return True
 
 
 def _decode(data: bytes, geometry: ImageGeometry) -> DecodedImage | DecodeFailure:
     with Image.open(io.BytesIO(data), formats=FORMATS) as image:
-        stored_w, stored_h = image.size
-        rejected = _rejection(stored_h, stored_w, geometry)
-        if rejected is not None:
-            return DecodeFailure(rejected)
-        orientation = image.getexif().get(_ORIENTATION_TAG)
+        header = _header(image, geometry)
+        if isinstance(header, DecodeFailure):
+            return header
+        (height, width), orientation = header
         swapped = orientation in _SWAPPING_ORIENTATIONS
-        height, width = (stored_w, stored_h) if swapped else (stored_h, stored_w)
         h, w = fit(height, width, geometry)
         if image.format == "JPEG" and geometry.decode == "fast":
             # Decode at 1/2, 1/4 or 1/8 scale where that still covers h×w (scaled in the DCT:

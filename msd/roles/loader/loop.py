@@ -209,7 +209,7 @@ class Loader:
         """The tokens of these samples back to back, and their images' patches if any."""
         tokens = [self.shards[source].held[gpos] for source, gpos in keys]
         buffer = token_buffer(tokens)
-        pixels = [self.shards[source].pixels.get(gpos) for source, gpos in keys]
+        pixels = [self.shards[source].images_of(gpos) for source, gpos in keys]
         payload = Payload(
             step=step,
             source=tuple(source for source, _ in keys),

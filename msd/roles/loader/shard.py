@@ -3,7 +3,8 @@ chunk at a time, holding what it reported until it is routed (``SourceShard``).
 
 Memory is bounded per source, not per rank: a shard reads ahead only while it holds fewer
 unrouted tokens than its share of ``buffer_tokens`` (the source's largest share of the mix)
-and, for an image source, fewer bytes of decoded patches than its share of ``buffer_bytes``,
+and, for an image source, fewer bytes of images than its share of ``buffer_bytes`` (a sample's
+images are held as their bytes, planned from their headers, and decoded when it is routed),
 or up to a position the Planner waits for; and of a block's text it keeps only the rows not yet
 tokenized next (``Visit``): a window of about 256 KiB, not a row group, per source.
 """
@@ -25,7 +26,7 @@ from msd.roles.loader.outage import Outage
 from msd.roles.loader.visit import Visit, cell_sizes, window_bytes
 from msd.sample import SampleImages
 from msd.sources.chat_rows import ChatRows, tokenize_of
-from msd.sources.fuse import Fuser, fuse_spec
+from msd.sources.fuse import Fuser, Held, fuse_spec
 from msd.sources.image_rows import ImageRowReader, read_block, row_sizes
 from msd.sources.index import RowGroup, SourceIndex, open_source, source_key
 from msd.sources.read import RowGroupReader
@@ -100,7 +101,7 @@ def shard_budget(recipe: Recipe, source: int, loaders: int) -> int:
 
 
 def shard_bytes(recipe: Recipe, source: int, loaders: int) -> int:
-    """Bytes of decoded patches one of ``loaders`` shards of ``source`` may hold unrouted:
+    """Bytes of images one of ``loaders`` shards of ``source`` may hold unrouted:
     ``buffer_bytes`` shared out like the tokens (a shard holding nothing still reads: at least
     one sample is held whatever the share)."""
     peak = peak_share(recipe, source)
@@ -138,8 +139,11 @@ class SourceShard:
             self.images = ImageRowReader(spec, self.src, reader)
             fusing = fuse_spec(recipe, spec.has_videos, spec.clip)
             require_text = self.src.format == "webdataset"
-            self.fuser = Fuser.of_source(spec, self.src.column_kind, fusing, require_text)
-        self.pixels: dict[int, SampleImages] = {}  # of held samples that have images
+            self.fuser = Fuser.of_source(
+                spec, self.src.column_kind, fusing, require_text, defer=True
+            )
+        # of held samples that have images: as bytes until routed, where that is smaller
+        self.pixels: dict[int, Held] = {}
         # of held conversations: the [start, end) spans of their tokens the loss is taken on
         self.trained: dict[int, np.ndarray] = {}
         start, self.stop, self.stride = span
@@ -156,7 +160,7 @@ class SourceShard:
         self.want = -1
         self.held: dict[int, np.ndarray] = {}
         self.held_tokens = 0
-        self.held_bytes = 0  # of decoded patches
+        self.held_bytes = 0  # of images (patches, or bytes not decoded yet)
         self.bytes_read = 0
         self.filling = True
         self.samples_read = 0
@@ -279,7 +283,7 @@ class SourceShard:
         room = self.chunk_bytes if self.waited_for else self.budget - self.held_tokens
         start, rows, text = visit.next_chunk(min(self.chunk_bytes, room))
         started = time.perf_counter()
-        pixels: list[SampleImages | None] = []
+        pixels: list[Held | None] = []
         if self.fuser is not None:
             tokens, pixels = self.fuser(text)
         else:
@@ -309,8 +313,8 @@ class SourceShard:
             for offset, p in enumerate(pixels):
                 if p is not None:
                     self.pixels[gpos_start + offset] = p
-                    self.held_bytes += p.patches.nbytes
-                    self.bytes_read += p.patches.nbytes
+                    self.held_bytes += p.nbytes
+                    self.bytes_read += p.nbytes
             images = tuple(0 if p is None else len(p.grids) for p in pixels)
             patches = tuple(n for p in pixels if p is not None for n in p.counts)
             skipped = tuple(self.fuser.skipped_per_sample)
@@ -346,7 +350,18 @@ class SourceShard:
             return list(self.chat.trained)
         return []
 
-    def _image_rows(self, tokens: np.ndarray, images: SampleImages) -> list[int]:
+    def images_of(self, gpos: int) -> SampleImages | None:
+        """A held sample's images as patches (decoded now if held as bytes), or None."""
+        images = self.pixels.get(gpos)
+        if images is None:
+            return None
+        assert self.fuser is not None
+        started = time.perf_counter()
+        decoded = self.fuser.decoded(images)
+        self.busy_s += time.perf_counter() - started
+        return decoded
+
+    def _image_rows(self, tokens: np.ndarray, images: Held) -> list[int]:
         """The piece each image lies in once the Planner cuts the sample into rows."""
         seq_len, vision = self.recipe.seq_len, self.recipe.vision
         if len(tokens) <= seq_len:
@@ -383,7 +398,7 @@ class SourceShard:
         self.trained.pop(gpos, None)
         images = self.pixels.pop(gpos, None)
         if images is not None:
-            self.held_bytes -= images.patches.nbytes
+            self.held_bytes -= images.nbytes
 
     def _open_visit(self) -> Visit | None:
         """Read (not yet tokenize) the column of this shard's next block."""
