@@ -204,7 +204,12 @@ class Vision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     @property
     def bytes_per_image_token(self) -> int:
         """The uint8 patch values one placeholder token stands for: merge_size² patches."""
-        return self.merge_size**2 * 3 * self.temporal_patch_size * self.patch_size**2
+        return self.merge_size**2 * self.patch_values
+
+    @property
+    def patch_values(self) -> int:
+        """The uint8 values of one image patch: channels × frames × patch_size²."""
+        return 3 * self.temporal_patch_size * self.patch_size**2
 
 
 class Video(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

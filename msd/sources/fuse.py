@@ -49,7 +49,7 @@ from msd.sources.vision import (
     EncodedImage,
     ImageGeometry,
     decode,
-    decode_encoded,
+    decode_into,
     probe,
 )
 
@@ -171,6 +171,26 @@ def decode_all(
     return out
 
 
+def decode_held(
+    images: EncodedImages, geometry: ImageGeometry, skips: Skips, out: np.ndarray | None = None
+) -> SampleImages:
+    """The patches of a sample's images known from their headers (written into ``out`` if
+    given: their rows of a payload's buffer). An image whose bytes do not decode after all
+    (damaged past its header) keeps the place and patches it was planned with, all zero
+    (black), and is counted: what was planned is what is sent."""
+    counts = images.counts
+    if out is None:
+        out = np.empty((sum(counts), geometry.patch_values), dtype=np.uint8)
+    at = 0
+    for data, grid, count in zip(images.encoded, images.grids, counts, strict=True):
+        rows = out[at : at + count]
+        if not decode_into(EncodedImage(data, grid, 0, (0, 0)), rows, geometry):
+            skips[DAMAGED] += 1
+            rows[:] = 0
+        at += count
+    return SampleImages(out, images.grids)
+
+
 def _larger_encoded(found: Image | DecodeFailure, geometry: ImageGeometry) -> bool:
     """An image held as bytes that would take less memory as patches."""
     if not isinstance(found, EncodedImage):
@@ -184,21 +204,6 @@ def _probe_or_decode(
     if data is None or not len(data):
         return DecodeFailure("empty")
     return probe(bytes(data), geometry) if defer else decode(bytes(data), geometry)
-
-
-def decode_held(images: EncodedImages, geometry: ImageGeometry, skips: Skips) -> SampleImages:
-    """The patches of a sample's images known from their headers. An image whose bytes do not
-    decode after all (damaged past its header) keeps the place and patches it was planned
-    with, all zero (black), and is counted: what was planned is what is sent."""
-    parts = []
-    for data, grid in zip(images.encoded, images.grids, strict=True):
-        encoded = EncodedImage(data, grid, 0, (0, 0))
-        patches = decode_encoded(encoded, geometry)
-        if patches is None:
-            skips[DAMAGED] += 1
-            patches = np.zeros((encoded.count, geometry.patch_values), dtype=np.uint8)
-        parts.append(patches)
-    return SampleImages(np.concatenate(parts), images.grids)
 
 
 @dataclass
@@ -632,10 +637,13 @@ class Fuser:
             )
         return ids, kept
 
-    def decoded(self, images: Held) -> SampleImages:
-        """A sample's images as patches (decoded now if they were held as bytes)."""
+    def decoded(self, images: Held, out: np.ndarray | None = None) -> SampleImages:
+        """A sample's images as patches (decoded now if they were held as bytes; into ``out``
+        if given, their rows of a payload's buffer)."""
         if isinstance(images, EncodedImages):
-            return decode_held(images, self.spec.geometry, self.skips)
+            return decode_held(images, self.spec.geometry, self.skips, out)
+        if out is not None:
+            out[:] = images.patches.reshape(out.shape)
         return images
 
     def _decoded(

@@ -134,8 +134,11 @@ def placeholder_tokens(height: int, width: int, geometry: ImageGeometry = DEFAUL
     return t * gh * gw // geometry.merge_size**2
 
 
-def patchify(rgb: Pixels, geometry: ImageGeometry = DEFAULT_GEOMETRY) -> Pixels:
-    """Cut an [h, w, 3] uint8 image into [gh*gw, 3*t*p*p] uint8 patches, in Qwen2-VL's order.
+def patchify(
+    rgb: Pixels, geometry: ImageGeometry = DEFAULT_GEOMETRY, out: Pixels | None = None
+) -> Pixels:
+    """Cut an [h, w, 3] uint8 image into [gh*gw, 3*t*p*p] uint8 patches, in Qwen2-VL's order
+    (written into ``out`` if given: a C-contiguous array of that shape, in one pass).
 
     With p = patch_size, m = merge_size and t = temporal_patch_size, patch (r, c) covers pixels
     [r*p:(r+1)*p, c*p:(c+1)*p]. Rows are ordered by merge group, then within a group:
@@ -150,6 +153,9 @@ def patchify(rgb: Pixels, geometry: ImageGeometry = DEFAULT_GEOMETRY) -> Pixels:
     # (group row, row in group, py, group column, column in group, px, channel) → patch order.
     ordered = blocks.transpose(0, 3, 1, 4, 6, 2, 5)[:, :, :, :, :, None]
     frames = np.broadcast_to(ordered, (*ordered.shape[:5], t, p, p))
+    if out is not None:
+        np.copyto(out.reshape(frames.shape), frames)
+        return out
     return np.ascontiguousarray(frames).reshape(gh * gw, geometry.patch_values)
 
 
@@ -166,7 +172,7 @@ def decode(data: bytes, geometry: ImageGeometry = DEFAULT_GEOMETRY) -> DecodedIm
 @dataclass(frozen=True, eq=False)
 class EncodedImage:
     """An image known from its header, not decoded yet: its bytes, and the patches and tokens
-    its declared size (turned upright) gives. `decode_encoded` makes its patches."""
+    its declared size (turned upright) gives. `decode_into` makes its patches."""
 
     data: bytes
     grid: tuple[int, int, int]
@@ -187,7 +193,7 @@ def probe(
     header (format, size, aspect ratio: the same failure `decode` gives); or None where only
     decoding can tell: a JPEG, PNG or WebP whose bytes end before its framing says the image
     does. Never raises. `decode` gives every image `probe` accepts the grid and tokens `probe`
-    says, unless its bytes are damaged past the header (`decode_encoded` says so)."""
+    says, unless its bytes are damaged past the header (`decode_into` says so)."""
     if not data:
         return DecodeFailure("empty")
     try:
@@ -210,15 +216,19 @@ def probe(
     )
 
 
-def decode_encoded(
-    image: EncodedImage, geometry: ImageGeometry = DEFAULT_GEOMETRY
-) -> Pixels | None:
-    """The patches of an image `probe` accepted; None where its bytes do not decode or give
-    another size than the header declared (then nothing of it can be used)."""
-    decoded = decode(image.data, geometry)
-    if isinstance(decoded, DecodeFailure) or decoded.grid != image.grid:
-        return None
-    return decoded.patches
+def decode_into(
+    image: EncodedImage, out: Pixels, geometry: ImageGeometry = DEFAULT_GEOMETRY
+) -> bool:
+    """Decode an image `probe` accepted into ``out`` (its patches' rows, C-contiguous); False
+    where its bytes do not decode to the grid its header declared (``out`` is then left as it
+    was: nothing of it can be used). Never raises."""
+    if out.shape != (image.count, geometry.patch_values):
+        return False
+    try:
+        return isinstance(_decode(image.data, geometry, out), DecodedImage)
+    except Exception as exc:  # untrusted bytes, as in decode
+        _failure(exc)
+        return False
 
 
 def _failure(exc: Exception) -> DecodeFailure:
@@ -254,7 +264,9 @@ def _complete(data: bytes, fmt: str | None) -> bool:
     return True
 
 
-def _decode(data: bytes, geometry: ImageGeometry) -> DecodedImage | DecodeFailure:
+def _decode(
+    data: bytes, geometry: ImageGeometry, out: Pixels | None = None
+) -> DecodedImage | DecodeFailure:
     with Image.open(io.BytesIO(data), formats=FORMATS) as image:
         header = _header(image, geometry)
         if isinstance(header, DecodeFailure):
@@ -262,6 +274,8 @@ def _decode(data: bytes, geometry: ImageGeometry) -> DecodedImage | DecodeFailur
         (height, width), orientation = header
         swapped = orientation in _SWAPPING_ORIENTATIONS
         h, w = fit(height, width, geometry)
+        if out is not None and len(out) != (h // geometry.patch_size) * (w // geometry.patch_size):
+            return DecodeFailure("another size than expected")
         if image.format == "JPEG" and geometry.decode == "fast":
             # Decode at 1/2, 1/4 or 1/8 scale where that still covers h×w (scaled in the DCT:
             # not the pixels a full-size decode and resize give).
@@ -269,7 +283,7 @@ def _decode(data: bytes, geometry: ImageGeometry) -> DecodedImage | DecodeFailur
         # Turning upright copies the whole image: only when its EXIF says it is not upright.
         upright = image if orientation in (None, 1) else ImageOps.exif_transpose(image)
         rgb = _to_rgb(upright).resize((w, h), RESAMPLE)
-    patches = patchify(np.asarray(rgb, dtype=np.uint8), geometry)
+    patches = patchify(np.asarray(rgb, dtype=np.uint8), geometry, out)
     tokens = placeholder_tokens(height, width, geometry)
     return DecodedImage(patches, grid_thw(height, width, geometry), tokens, (height, width))
 

@@ -28,6 +28,8 @@ from msd.roles.loader.outage import Outage
 from msd.roles.loader.pick import NextRead
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
 from msd.roles.outlets import Outlets
+from msd.sample import SampleImages
+from msd.sources.fuse import Held
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader, Unavailable
 from msd.wire import transport
@@ -67,6 +69,7 @@ class Loader:
         source's shard reads from (a shadow taking a lost loader's place), else the job's
         checkpoint says."""
         self.job, self.recipe, self.name = job, recipe, process.name
+        self.patch_values = recipe.vision.patch_values  # the width of every payload's patches
         self.reader = RowGroupReader(max_open_files=min(MAX_OPEN_FILES, 4 * len(process.shards)))
         table = generations(recipe, rescales)
         self.shards = {
@@ -209,7 +212,7 @@ class Loader:
         """The tokens of these samples back to back, and their images' patches if any."""
         tokens = [self.shards[source].held[gpos] for source, gpos in keys]
         buffer = token_buffer(tokens)
-        pixels = [self.shards[source].images_of(gpos) for source, gpos in keys]
+        pixels = [self.shards[source].pixels.get(gpos) for source, gpos in keys]
         payload = Payload(
             step=step,
             source=tuple(source for source, _ in keys),
@@ -230,28 +233,38 @@ class Loader:
                 trained=tuple(len(s) for s in spans),
                 spans=tuple(np.concatenate(spans).reshape(-1).tolist()),
             )
-        held = [p for p in pixels if p is not None]
+        held = [(key, p) for key, p in zip(keys, pixels, strict=True) if p is not None]
         if not held:
             return payload, [buffer]
+        images = [p for _, p in held]
         payload = msgspec.structs.replace(
             payload,
             images=tuple(0 if p is None else len(p.grids) for p in pixels),
-            grids=tuple(n for p in held for grid in p.grids for n in grid),
-            patch_values=int(held[0].patches.shape[1]),
+            grids=tuple(n for p in images for grid in p.grids for n in grid),
+            patch_values=self.patch_values,
         )
-        if any(any(p.videos) for p in held):
+        if any(any(p.videos) for p in images):
+            videos = [p for p in images if isinstance(p, SampleImages)]
             payload = msgspec.structs.replace(
                 payload,
-                videos=tuple(int(p.is_video(k)) for p in held for k in range(len(p.grids))),
-                video_rows=next(p.video_rows for p in held if any(p.videos)),
+                videos=tuple(int(p.is_video(k)) for p in videos for k in range(len(p.grids))),
+                video_rows=next(p.video_rows for p in videos if any(p.videos)),
             )
-        # One sample's patches go as they are (a video's can be tens of MB): no copy to join.
-        pixels_buffer = (
-            np.ascontiguousarray(held[0].patches)
-            if len(held) == 1
-            else np.concatenate([p.patches for p in held])
-        )
-        return payload, [buffer, pixels_buffer]
+        return payload, [buffer, self._patches(held)]
+
+    def _patches(self, held: list[tuple[tuple[int, int], Held]]) -> np.ndarray:
+        """The held samples' patches back to back, each sample's images decoded straight into
+        its rows if they are held as bytes. One decoded sample's go as they are (a video's can
+        be tens of MB): no copy to join."""
+        if len(held) == 1 and isinstance(held[0][1], SampleImages):
+            return np.ascontiguousarray(held[0][1].patches)
+        rows = [sum(p.rows) if isinstance(p, SampleImages) else sum(p.counts) for _, p in held]
+        out = np.empty((sum(rows), self.patch_values), dtype=np.uint8)
+        at = 0
+        for ((source, gpos), _), n in zip(held, rows, strict=True):
+            self.shards[source].write_images(gpos, out[at : at + n])
+            at += n
+        return out
 
 
 def stand_by(

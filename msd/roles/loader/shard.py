@@ -24,7 +24,6 @@ from msd.plan.schedule import peak_shares, schedule_of
 from msd.recipe.schema import Recipe
 from msd.roles.loader.outage import Outage
 from msd.roles.loader.visit import Visit, cell_sizes, window_bytes
-from msd.sample import SampleImages
 from msd.sources.chat_rows import ChatRows, tokenize_of
 from msd.sources.fuse import Fuser, Held, fuse_spec
 from msd.sources.image_rows import ImageRowReader, read_block, row_sizes
@@ -350,16 +349,14 @@ class SourceShard:
             return list(self.chat.trained)
         return []
 
-    def images_of(self, gpos: int) -> SampleImages | None:
-        """A held sample's images as patches (decoded now if held as bytes), or None."""
-        images = self.pixels.get(gpos)
-        if images is None:
-            return None
+    def write_images(self, gpos: int, out: np.ndarray) -> None:
+        """Write a held sample's patches into ``out`` (its rows of a payload's buffer),
+        decoding them now if they are held as bytes."""
+        images = self.pixels[gpos]
         assert self.fuser is not None
         started = time.perf_counter()
-        decoded = self.fuser.decoded(images)
+        self.fuser.decoded(images, out)
         self.busy_s += time.perf_counter() - started
-        return decoded
 
     def _image_rows(self, tokens: np.ndarray, images: Held) -> list[int]:
         """The piece each image lies in once the Planner cuts the sample into rows."""
