@@ -17,6 +17,7 @@ Every function takes a path that is either local or a URL; `is_remote` tells whi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob as globmod
 import logging
@@ -30,6 +31,8 @@ from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+from msd.sources.cache import CacheConfig, CacheError, open_cached
 
 SCHEMES = ("s3://",)
 # One attempt per request: msd's loaders retry, counted (see the module docstring).
@@ -52,10 +55,11 @@ T = TypeVar("T")
 class Store:
     """How to reach an object store: an S3-compatible endpoint (None: AWS's, or the AWS
     environment's ``AWS_ENDPOINT_URL``), and whether to sign requests (``anonymous``: a public
-    bucket)."""
+    bucket); ``cache``: keep what is read on local disk (`msd.sources.cache`)."""
 
     endpoint_url: str | None = None
     anonymous: bool = False
+    cache: CacheConfig | None = None
 
 
 LOCAL = Store()
@@ -157,8 +161,27 @@ def open_input(path: str, store: Store = LOCAL) -> pa.NativeFile:
     GET."""
     if not is_remote(path):
         return pa.OSFile(path, "rb")
+    if store.cache is not None:
+        return _cached(path, store)
     fs, inner = filesystem(path, store)
     return _call(lambda: fs.open_input_file(inner), path, store)
+
+
+def _cached(path: str, store: Store) -> pa.NativeFile:
+    """``path`` read through ``store.cache``: the blocks it holds from local disk, the others
+    from the store (and kept); an object changed since it was cached is read anew."""
+    assert store.cache is not None
+    plain = dataclasses.replace(store, cache=None)
+    try:
+        return open_cached(
+            store.cache,
+            stat(path, plain),
+            endpoint_of(plain),
+            lambda: open_input(path, plain),
+            lambda exc: _failure(exc, path, plain),
+        )
+    except CacheError as exc:
+        raise StoreError(str(exc), transient=False) from None
 
 
 def open_stream(path: str, store: Store = LOCAL) -> pa.NativeFile:
@@ -166,6 +189,8 @@ def open_stream(path: str, store: Store = LOCAL) -> pa.NativeFile:
     decompressed). For S3 every ``read`` is one ranged GET: read in large pieces."""
     if not is_remote(path):
         return pa.OSFile(path, "rb")
+    if store.cache is not None:
+        return _cached(path, store)
     fs, inner = filesystem(path, store)
     return _call(lambda: fs.open_input_stream(inner, compression=None), path, store)
 
@@ -304,6 +329,13 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 def cache_name(path: str) -> str:
     """A file name for a local cache of something derived from ``path``."""
     return Path(name_of(path)).name[:80]
+
+
+def _failure(exc: BaseException, path: str, store: Store) -> BaseException:
+    """What a failed read of ``path`` raises (as `_call` would)."""
+    if isinstance(exc, FileNotFoundError | StoreError):
+        return exc
+    return store_error(exc, path, store)
 
 
 def _call(fn, path: str, store: Store):  # type: ignore[no-untyped-def]
