@@ -29,6 +29,9 @@ Loaders and constructors
     msd_loader_cpu_seconds_total{loader}             counter  CPU time used
     msd_loader_pss_bytes{loader}                     gauge    proportional set size
     msd_loader_up{loader}                            gauge    1 while its state is "running"
+    msd_loader_cache_hits_total{loader}              counter  blocks read from its local cache
+    msd_loader_cache_misses_total{loader}            counter  blocks it fetched from the store
+    msd_loader_cache_fetched_bytes_total{loader}     counter  their bytes
     msd_constructor_cpu_seconds_total{constructor}   counter  CPU time used
     msd_constructor_pss_bytes{constructor}           gauge    proportional set size
     msd_constructor_ready_bytes{constructor}         gauge    bytes of batches built ahead
@@ -156,6 +159,19 @@ _LOADER: _Table[LoaderView] = (
     (C, "msd_loader_cpu_seconds", "CPU time used.", lambda x: x.cpu_seconds),
     (G, "msd_loader_pss_bytes", "Proportional set size.", lambda x: x.pss_bytes),
     (G, "msd_loader_up", "1 while the loader is running.", lambda x: x.state == "running"),
+    (C, "msd_loader_cache_hits", "Blocks read from its local cache.", lambda x: x.cache_hits),
+    (
+        C,
+        "msd_loader_cache_misses",
+        "Blocks of its local cache fetched from the object store.",
+        lambda x: x.cache_misses,
+    ),
+    (
+        C,
+        "msd_loader_cache_fetched_bytes",
+        "Bytes of those blocks.",
+        lambda x: x.cache_fetched_bytes,
+    ),
 )
 _CONSTRUCTOR: _Table[ConstructorView] = (
     (C, "msd_constructor_cpu_seconds", "CPU time used.", lambda x: x.cpu_seconds),

@@ -354,6 +354,9 @@ def _loader_view(role: _Role, state: str) -> LoaderView:
         sources=len(role.hello.sources),
         tokens_read=sum(s.tokens_read for s in stats.sources) if stats else 0,
         busy_s=round(sum(s.busy_s for s in stats.sources), 3) if stats else 0.0,
+        cache_hits=stats.cache_hits if stats else 0,
+        cache_misses=stats.cache_misses if stats else 0,
+        cache_fetched_bytes=stats.cache_fetched_bytes if stats else 0,
     )
 
 
@@ -404,6 +407,13 @@ def metrics_line(view: StatusView, unix_time: float) -> dict[str, object]:
         "balance_max_over_mean": view.planner.balance_max_over_mean,
         "plan_ms_p99": view.planner.plan_ms_p99,
         "loaders": len(view.loaders),
+        # The loaders' local caches (msd.sources.cache), summed: blocks read from them, blocks
+        # fetched from the store, bytes fetched.
+        "cache": {
+            "hits": sum(x.cache_hits for x in view.loaders),
+            "misses": sum(x.cache_misses for x in view.loaders),
+            "fetched_bytes": sum(x.cache_fetched_bytes for x in view.loaders),
+        },
         "sources": {
             s.name: {
                 "weight": s.weight,

@@ -60,6 +60,11 @@ class LoaderView(msgspec.Struct, frozen=True, kw_only=True):
     # wall time it spent reading and tokenizing (so two reports give its CPU per token).
     tokens_read: int = 0
     busy_s: float = 0.0
+    # Its local cache of an object store's files (msd.sources.cache): blocks read from it,
+    # blocks fetched from the store, and the bytes fetched.
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_fetched_bytes: int = 0
 
 
 class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):

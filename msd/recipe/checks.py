@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from msd.recipe.plan_checks import check_plan
-from msd.recipe.schema import Recipe, Source, Trainer, Transform, Video, Vision
+from msd.recipe.schema import Cache, Recipe, Source, Trainer, Transform, Video, Vision
 
 # Source names end up in file names, metric labels and checkpoint keys, so keep them plain.
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -22,6 +22,8 @@ _FUNCTION = re.compile(rf"{_DOTTED}:{_DOTTED}")
 # Every int travels in msgpack and numpy as 64 bits; steps leave room for step + prefetch.
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 STEPS_MAX = 2**62
+# A local cache holds at least a few of its 4 MiB blocks (msd.sources.cache.BLOCK_BYTES).
+CACHE_MIN_BYTES = 16 * 2**20
 
 
 class Problem(NamedTuple):
@@ -122,6 +124,7 @@ def _check_source(key: str, source: Source) -> list[Problem]:
     problems += _check_columns(key, source) + _check_images(key, source)
     problems += _check_transform(f"{key}.transform", source.transform)
     problems += _check_group_rows(key, source)
+    problems += check_cache(f"{key}.cache", source.cache)
     fix = "keep 0 or more hot-standby loaders"
     problems += _at_least(f"{key}.shadows", source.shadows, 0, fix)
     if source.loaders is None or source.loaders == "auto":
@@ -129,6 +132,23 @@ def _check_source(key: str, source: Source) -> list[Problem]:
     return problems + _at_least(
         f"{key}.loaders", source.loaders, 1, "use at least 1 loader or auto"
     )
+
+
+def check_cache(key: str, cache: Cache | None) -> list[Problem]:
+    """A local cache names a local folder and holds at least a few blocks."""
+    if cache is None:
+        return []
+    problems = []
+    if not cache.dir.strip():
+        fix = "name a local folder, e.g. $TMPDIR/msd-cache (a SLURM node's own disk)"
+        problems.append(Problem(f"{key}.dir", f"is empty; {fix}"))
+    elif "://" in cache.dir:
+        fix = "name a folder on the loaders' own disks"
+        problems.append(Problem(f"{key}.dir", f"is {cache.dir!r}, a URL; {fix}"))
+    if cache.max_bytes < CACHE_MIN_BYTES:
+        fix = f"hold at least {CACHE_MIN_BYTES} bytes (16 MiB: four 4 MiB blocks)"
+        problems.append(Problem(f"{key}.max_bytes", f"is {cache.max_bytes}, too small; {fix}"))
+    return problems
 
 
 def _check_group_rows(key: str, source: Source) -> list[Problem]:
@@ -429,6 +449,7 @@ def _check_pad_to(recipe: Recipe) -> list[Problem]:
 
 def _check_rest(recipe: Recipe) -> list[Problem]:
     problems = _at_least("seed", recipe.seed, 0, "use a non-negative seed")
+    problems += check_cache("cache", recipe.cache)
     problems += _check_trainer(recipe)
     rows = recipe.loader.block_row_groups
     problems += _at_least("loader.block_row_groups", rows, 1, "read at least 1 row group per block")

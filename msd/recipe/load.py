@@ -56,7 +56,7 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     problems = [f"{_where(name, lines, key)}: {msg}" for key, msg in found]
     if problems:
         raise RecipeError("\n".join(problems))
-    return recipe
+    return with_job_cache(recipe)
 
 
 def recipe_from_data(data: Any, where: str) -> Recipe:
@@ -74,7 +74,19 @@ def recipe_from_data(data: Any, where: str) -> Recipe:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         key, message = problems[0]
         raise RecipeError(f"{where}: {_in_recipe(key)}: {message}{more}")
-    return recipe
+    return with_job_cache(recipe)
+
+
+def with_job_cache(recipe: Recipe) -> Recipe:
+    """``recipe`` with the job's ``cache`` given to every source that sets none (the roles
+    read a source's own)."""
+    if recipe.cache is None or all(s.cache is not None for s in recipe.sources):
+        return recipe
+    sources = tuple(
+        s if s.cache is not None else msgspec.structs.replace(s, cache=recipe.cache)
+        for s in recipe.sources
+    )
+    return msgspec.structs.replace(recipe, sources=sources)
 
 
 def _in_recipe(path: str) -> str:

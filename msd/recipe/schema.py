@@ -98,6 +98,19 @@ class Clip(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
         return self.length_s if self.stride_s is None else self.stride_s
 
 
+class Cache(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Keep what sources on an object store read on local disk, so that a second epoch (or a
+    restart, or another loader of the node) reads it from there (`msd.sources.cache`).
+
+    dir: the folder (``~`` and ``$VARS`` are expanded where the loaders run: ``$TMPDIR`` is a
+        SLURM node's own); the processes of a node may share it. max_bytes: the most it holds;
+        least recently used blocks are deleted beyond it.
+    """
+
+    dir: str
+    max_bytes: int
+
+
 class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One data source: files matched by ``path`` (a glob), in one format.
 
@@ -127,6 +140,8 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     endpoint_url: an S3-compatible store's endpoint for an ``s3://`` path (default: the AWS
         environment's ``AWS_ENDPOINT_URL``, else AWS); credentials and region come from the
         standard AWS environment and config. anonymous: read a public bucket unsigned.
+    cache: keep what it reads from an object store on local disk (`Cache`; default: the
+        job's ``cache``); a local source ignores it.
     group_rows: rows per row group (the shuffle's unit) for formats that cut their own: JSONL
         (default: lines of about 1 MiB) and Megatron (default: about 2^20 tokens of documents).
         Set it to the row-group size of Parquet files holding the same rows for the same stream.
@@ -152,6 +167,7 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     shadows: int = 0
     endpoint_url: str | None = None
     anonymous: bool = False
+    cache: Cache | None = None
     group_rows: int | None = None
     files: tuple[PinnedFile, ...] = ()
 
@@ -473,7 +489,8 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     """A whole job. ``steps`` may be omitted only when every source has ``repeat: false``.
 
     Without a ``trainer`` section msd starts the data plane only; the user's own job starts
-    the trainers and, on each node, a Constructor with ``msd sidecar``.
+    the trainers and, on each node, a Constructor with ``msd sidecar``. ``cache``: the local
+    cache of every source on an object store that sets none of its own (`Cache`).
     """
 
     sources: tuple[Source, ...]
@@ -497,6 +514,7 @@ class Recipe(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     trainer: Trainer | None = None
     cluster: Literal["local", "slurm"] = "local"
     slurm: Slurm = Slurm()
+    cache: Cache | None = None
 
     @property
     def world_size(self) -> int:

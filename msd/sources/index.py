@@ -19,7 +19,7 @@ import numpy as np
 from msd.errors import SourceError
 from msd.recipe.schema import Source
 from msd.sources.formats import FORMATS
-from msd.sources.formats.base import ColumnKind, glob_files, store_of
+from msd.sources.formats.base import ColumnKind, check_cache, glob_files, store_of
 from msd.sources.formats.base import cache_dir as format_cache_dir
 from msd.sources.storage import LOCAL, Store, retrying
 from msd.sources.webdataset import TarIndex, load_or_build_index
@@ -86,6 +86,7 @@ def open_source(source: Source, key: str) -> SourceIndex:
     Megatron ``.idx``; JSONL line indexes, built once and cached); ``key`` is its recipe path,
     e.g. ``sources[1]``. A source cut into clips counts each video's clips from its header
     (read once, then cached), so that its samples are known before any frame is decoded."""
+    check_cache(source, key)
     index = _open(source, key)
     if source.clip is None:
         return index

@@ -19,10 +19,10 @@ import numpy as np
 from msd.control.views import StatusView
 from msd.errors import ProtocolError
 
-# 12: the tokens a loss is taken on (Payload.trained, Payload.spans); 11: Meta.frames;
-# 10: videos (Payload.videos, SourceLoad's video figures); 9: relayed payloads (Payload.to,
-# Welcome.index); 8: compact tokens
-PROTOCOL_VERSION = 12
+# 13: Stats' cache figures; 12: the tokens a loss is taken on (Payload.trained, Payload.spans);
+# 11: Meta.frames; 10: videos (Payload.videos, SourceLoad's video figures); 9: relayed payloads
+# (Payload.to, Welcome.index); 8: compact tokens
+PROTOCOL_VERSION = 13
 DISCARD = -1  # a Route destination: the loader forgets the sample (dropped by the plan)
 
 
@@ -409,6 +409,11 @@ class Stats(_Msg, frozen=True, tag=int(Kind.STATS)):
     rejected: dict[str, int] = {}  # messages dropped since the process started, by reason
     relayed: int = 0  # a Constructor: payload messages it passed on to others (and their bytes)
     relayed_bytes: int = 0
+    # A loader reading through a local cache (msd.sources.cache): blocks read from it, blocks
+    # fetched from the store, and the bytes fetched.
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_fetched_bytes: int = 0
 
 
 class SetMix(_Msg, frozen=True, tag=int(Kind.SET_MIX)):

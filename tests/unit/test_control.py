@@ -100,7 +100,8 @@ def test_the_view_reports_rates_queues_and_ranks() -> None:
         )
         for s in loads
     )
-    obs.on_stats("l", Stats("loader", "a+1", "h", 7, 1.5, 2**20, sources=later), now=1.0)
+    blocks = {"cache_hits": 9, "cache_misses": 4, "cache_fetched_bytes": 5 << 20}
+    obs.on_stats("l", Stats("loader", "a+1", "h", 7, 1.5, 2**20, sources=later, **blocks), now=1.0)
     ranks = (RankLoad(0, 9, 2, 0.1, 0.4), RankLoad(1, 10, 1, 0.2, 0.3))
     obs.on_stats("c", Stats("constructor", "n0", "n0", 8, 0.2, 2**21, ranks=ranks), now=1.0)
     obs.on_plan(0.002, np.array([1.0, 3.0]))
@@ -131,6 +132,8 @@ def test_the_view_reports_rates_queues_and_ranks() -> None:
     assert view.wait_p99_ms == pytest.approx(2.98)
     line = metrics_line(view, 123.0)
     assert line["step"] == 10 and line["sources"]["b"]["tokens_per_s"] == 1500.0
+    assert (lo.cache_hits, lo.cache_misses, lo.cache_fetched_bytes) == (9, 4, 5 << 20)
+    assert line["cache"] == {"hits": 9, "misses": 4, "fetched_bytes": 5 << 20}
 
 
 def test_the_view_sums_what_video_loaders_left_out_and_decoded_per_source() -> None:

@@ -44,6 +44,9 @@ def loader(name, state):
         pss_bytes=1 << 20,
         samples_per_s=3.0,
         sources=1,
+        cache_hits=7,
+        cache_misses=3,
+        cache_fetched_bytes=12 << 20,
     )
 
 
@@ -198,6 +201,9 @@ def test_scrape_exposes_the_view(server):
     assert value(f, "msd_loader_up", loader="code/0") == 0
     assert value(f, "msd_loader_cpu_seconds_total", loader="web/0") == 12.5
     assert value(f, "msd_loader_pss_bytes", loader="web/0") == 1 << 20
+    assert value(f, "msd_loader_cache_hits_total", loader="web/0") == 7
+    assert value(f, "msd_loader_cache_misses_total", loader="web/0") == 3
+    assert value(f, "msd_loader_cache_fetched_bytes_total", loader="web/0") == 12 << 20
     assert value(f, "msd_constructor_cpu_seconds_total", constructor="c0") == 4.0
     assert value(f, "msd_constructor_pss_bytes", constructor="c0") == 2 << 20
     assert value(f, "msd_constructor_ready_bytes", constructor="c0") == 4096
@@ -260,7 +266,7 @@ def test_the_module_docstring_lists_exactly_the_exposed_metrics(server):
     exposed = {name + "_total" if fam.type == "counter" else name for name, fam in f.items()}
     documented = set(re.findall(r"^\s+(msd_\w+)", metrics_module.__doc__, re.MULTILINE))
     assert exposed == documented
-    assert sum(fam.type == "counter" for fam in f.values()) == 16
+    assert sum(fam.type == "counter" for fam in f.values()) == 19
 
 
 def test_rejected_messages_are_counted_by_role_and_reason(server):

@@ -42,12 +42,12 @@ sources:
 SOURCE_KEYS = (
     "name, path, weight, format, text_column, token_column, image_column, image_exts, "
     "video_column, video_exts, clip, chat, transform, repeat, loaders, shadows, endpoint_url, "
-    "anonymous, group_rows"
+    "anonymous, cache, group_rows"
 )
 TOP_KEYS = (
     "sources, seq_len, global_batch_tokens, name, seed, steps, micro_batch_size, distribute, "
     "mix, cost, balance, vision, video, loader, "
-    "constructor, metrics, checkpoint, recovery, trainer, cluster, slurm"
+    "constructor, metrics, checkpoint, recovery, trainer, cluster, slurm, cache"
 )
 
 
@@ -341,3 +341,47 @@ def test_consistent_recipes_pass() -> None:
 def test_several_problems_come_in_recipe_order() -> None:
     keys = [p.key for p in problems(seed=-1, seq_len=0, sources=src(weight=-1.0, loaders=0))]
     assert keys == ["sources[0].weight", "sources[0].loaders", "seq_len", "seed"]
+
+
+def test_the_jobs_cache_is_every_sources_that_sets_none(tmp_path: Path) -> None:
+    text = edit("seed: 1\n", "seed: 1\ncache: {dir: $TMPDIR/msd, max_bytes: 1000000000}\n")
+    text = text.replace(
+        "    loaders: 2\n", "    loaders: 2\n    cache: {dir: ~/c, max_bytes: 20000000}\n"
+    )
+    recipe = load_recipe(write(tmp_path, text))
+    web, code = recipe.sources
+    assert web.cache == recipe.cache and web.cache is not None
+    assert (web.cache.dir, web.cache.max_bytes) == ("$TMPDIR/msd", 10**9)  # expanded where read
+    assert code.cache is not None and (code.cache.dir, code.cache.max_bytes) == ("~/c", 2 * 10**7)
+    assert load_recipe(write(tmp_path, GOOD)).sources[0].cache is None
+
+
+@pytest.mark.parametrize(
+    ("cache", "expected"),
+    [
+        ("{dir: '', max_bytes: 1000000000}", "7: cache.dir: is empty; name a local folder"),
+        (
+            "{dir: 's3://b/c', max_bytes: 1000000000}",
+            "7: cache.dir: is 's3://b/c', a URL; name a folder on the loaders' own disks",
+        ),
+        (
+            "{dir: /tmp/c, max_bytes: 1000}",
+            "7: cache.max_bytes: is 1000, too small; hold at least 16777216 bytes",
+        ),
+        ("{dir: /tmp/c, max_bytes: 10GB}", "7: cache.max_bytes: expected int, got str"),
+        ("{dir: /tmp/c}", "7: cache.max_bytes: missing required key; add max_bytes"),
+    ],
+)
+def test_a_bad_cache_is_one_sentence_naming_its_key(
+    tmp_path: Path, cache: str, expected: str
+) -> None:
+    text = edit("distribute: {dp: 2}\n", f"distribute: {{dp: 2}}\ncache: {cache}\n")
+    path, message = error(tmp_path, text)
+    assert message.startswith(f"{path}:{expected}"), message
+    assert len(message.splitlines()) == 1
+
+
+def test_a_sources_bad_cache_names_the_source(tmp_path: Path) -> None:
+    text = edit("    loaders: 2\n", "    loaders: 2\n    cache: {dir: /c, max_bytes: 0}\n")
+    path, message = error(tmp_path, text)
+    assert message.startswith(f"{path}:17: sources[1].cache.max_bytes: is 0, too small"), message

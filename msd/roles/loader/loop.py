@@ -30,6 +30,7 @@ from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
 from msd.roles.outlets import Outlets
 from msd.sample import SampleImages
 from msd.sources.fuse import Held
+from msd.sources import cache
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader, Unavailable
 from msd.wire import transport
@@ -168,7 +169,19 @@ class Loader:
         cpu_s, pss = process_usage()
         loads = tuple(shard.load() for shard in self.shards.values())
         host = socket.gethostname()
-        return Stats("loader", self.name, host, os.getpid(), cpu_s, pss, sources=loads)
+        blocks = cache.counts()
+        return Stats(
+            "loader",
+            self.name,
+            host,
+            os.getpid(),
+            cpu_s,
+            pss,
+            sources=loads,
+            cache_hits=blocks.hits,
+            cache_misses=blocks.misses,
+            cache_fetched_bytes=blocks.fetched_bytes,
+        )
 
     def _handle(self, msg: Any, buffers: list[memoryview]) -> bool:
         if isinstance(msg, Welcome):

@@ -24,6 +24,7 @@ import pyarrow as pa
 from msd.errors import SourceError
 from msd.recipe.schema import Source
 from msd.sources import storage
+from msd.sources.cache import CacheConfig, CacheError, folder
 from msd.sources.storage import Store
 
 # What a source's column holds: text, token id lists, or conversations (a list of messages in
@@ -76,8 +77,22 @@ class Format(Protocol):
 
 
 def store_of(source: Source) -> Store:
-    """How ``source``'s files are reached (its ``endpoint_url``; local paths ignore it)."""
-    return Store(endpoint_url=source.endpoint_url, anonymous=source.anonymous)
+    """How ``source``'s files are reached (its ``endpoint_url`` and ``cache``; local paths
+    ignore both)."""
+    cache = source.cache
+    config = None if cache is None else CacheConfig(cache.dir, cache.max_bytes)
+    return Store(endpoint_url=source.endpoint_url, anonymous=source.anonymous, cache=config)
+
+
+def check_cache(source: Source, key: str) -> None:
+    """``source``'s local cache can be used on this machine (its folder made if missing); a
+    `SourceError` naming the source if not. A local source has none to check."""
+    if source.cache is None or not storage.is_remote(source.path):
+        return
+    try:
+        folder(source.cache.dir)
+    except CacheError as exc:
+        raise SourceError(f"source '{source.name}' ({key}): {exc}") from None
 
 
 def glob_files(source: Source, key: str) -> tuple[str, ...]:
