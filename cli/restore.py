@@ -21,6 +21,7 @@ from msd.launch.slurm import SlurmJob
 from msd.plan.schedule import MixChange
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
+from msd.sources.formats.base import as_launched
 from msd.sources.index import open_source
 
 from .common import err_console, user_errors
@@ -75,7 +76,10 @@ def restore(
             "did (distribute.pad_to), so the same global batches continue",
             highlight=False,
         )
-    rows = tuple(open_source(s, f"sources[{i}]").num_rows for i, s in enumerate(parsed.sources))
+    rows = tuple(
+        open_source(as_launched(s, parsed.cluster), f"sources[{i}]").num_rows
+        for i, s in enumerate(parsed.sources)
+    )
     problems = differences(saved, snap.num_rows, parsed, rows, allow_batch_change)
     if problems:
         raise CheckpointError(

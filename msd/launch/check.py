@@ -12,6 +12,7 @@ from msd.recipe.schema import Recipe, Source
 from msd.sources.chat_rows import tokenize_of
 from msd.sources.first_rows import first_rows_problems
 from msd.sources.first_video import first_video_problems
+from msd.sources.formats.base import as_launched
 from msd.sources.fuse import video_spec_of
 from msd.sources.index import SourceIndex, open_source
 
@@ -69,6 +70,7 @@ def check_sources(
     _check_cost_function(recipe, recipe_path)
     summaries = []
     for i, source in enumerate(recipe.sources):
+        source = as_launched(source, recipe.cluster)
         videos: tuple[str, ...] = ()
         chats: tuple[str, ...] = ()
         try:

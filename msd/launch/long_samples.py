@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from msd.errors import MsdError
 from msd.plan.long_samples import loss, warning
 from msd.recipe.schema import Recipe
+from msd.sources.formats.base import as_launched
 from msd.sources.fuse import fuse_spec
 from msd.sources.profile import SourceProfile, profile_source
 
@@ -40,8 +41,9 @@ def long_sample_warnings(
             left = deadline - time.monotonic()
             try:
                 fusing = fuse_spec(recipe, source.has_videos, source.clip)
+                launched = as_launched(source, recipe.cluster)
                 profile = profile_source(
-                    source, f"sources[{i}]", max_s=min(1.0, left), fusing=fusing
+                    launched, f"sources[{i}]", max_s=min(1.0, left), fusing=fusing
                 )
             except MsdError:  # a transform that fails: the loader reports it, with its name
                 continue

@@ -14,8 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from msd.recipe.schema import Cache, Source
 from msd.sources import cache
 from msd.sources.cache import CacheConfig, CacheError
+from msd.sources.formats.base import as_launched, store_of
 from msd.sources.storage import Listed, StoreError
 
 BLOCK = 4096
@@ -235,3 +237,11 @@ def test_processes_sharing_a_folder_read_right_and_fetch_a_block_once(
     held = blocks(tmp_path / "c")
     assert sum(p.stat().st_size for p in held) <= max_bytes
     assert not list((tmp_path / "c" / cache.LAYOUT).glob("??/.tmp-*"))
+
+
+def test_msd_launch_reads_through_the_cache_only_where_the_loaders_run() -> None:
+    held = Cache(dir="$TMPDIR/msd", max_bytes=1 << 30)
+    source = Source(name="web", path="s3://b/web/*.parquet", weight=1.0, cache=held)
+    assert as_launched(source, "local") is source  # what it reads, the loaders find
+    assert as_launched(source, "slurm").cache is None  # a login node keeps nothing
+    assert store_of(source).cache == CacheConfig("$TMPDIR/msd", 1 << 30)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+import msgspec
 import pyarrow as pa
 
 from msd.errors import SourceError
@@ -82,6 +83,15 @@ def store_of(source: Source) -> Store:
     cache = source.cache
     config = None if cache is None else CacheConfig(cache.dir, cache.max_bytes)
     return Store(endpoint_url=source.endpoint_url, anonymous=source.anonymous, cache=config)
+
+
+def as_launched(source: Source, cluster: str) -> Source:
+    """``source`` as ``msd launch`` reads it (footers, a profile): through its local cache
+    where the loaders run on the same machine (``cluster: local``: what it reads, they find),
+    else without (a SLURM node's ``$TMPDIR`` is its own, and the login node keeps nothing)."""
+    if cluster == "local" or source.cache is None:
+        return source
+    return msgspec.structs.replace(source, cache=None)
 
 
 def check_cache(source: Source, key: str) -> None:
