@@ -40,9 +40,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from msd.sources.storage import Listed
 
 BLOCK_BYTES = 4 << 20
 LAYOUT = "msd-blocks-v1"  # the folder of ``dir`` the cache owns (eviction touches nothing else)
@@ -83,17 +86,6 @@ class CacheError(OSError):
     """The cache's folder cannot be used (one sentence naming it)."""
 
 
-class Found(Protocol):
-    """A file as `storage.stat` found it."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def mtime_ns(self) -> int: ...
-
-
 def counts() -> Counts:
     """A copy of this process's counts."""
     return dataclasses.replace(COUNTS)
@@ -101,7 +93,7 @@ def counts() -> Counts:
 
 def open_cached(
     config: CacheConfig,
-    found: Found,
+    found: Listed,
     where: str,
     open_origin: Callable[[], pa.NativeFile],
     failure: Callable[[BaseException], BaseException],
@@ -114,7 +106,7 @@ def open_cached(
     return pa.PythonFile(blocks, mode="r")
 
 
-def block_key(found: Found, where: str) -> str:
+def block_key(found: Listed, where: str) -> str:
     """The name of a file's blocks: changes with its URL, store, size and modification time."""
     text = f"{found.path}\0{where}\0{found.size}\0{found.mtime_ns}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
