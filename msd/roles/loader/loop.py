@@ -29,8 +29,8 @@ from msd.roles.loader.pick import NextRead
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
 from msd.roles.outlets import Outlets
 from msd.sample import SampleImages
-from msd.sources.fuse import Held
 from msd.sources import cache
+from msd.sources.fuse import Held
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader, Unavailable
 from msd.wire import transport
