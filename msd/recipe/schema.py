@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from msd.sources.stores import SCHEMES
+
 
 class Transform(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """How a row becomes tokens.
@@ -46,15 +48,15 @@ FORMAT_ENDINGS: tuple[tuple[tuple[str, ...], Format], ...] = (
 
 
 @functools.lru_cache(maxsize=256)
-def _saved_dataset(path: str, endpoint_url: str | None = None) -> bool:
+def _saved_dataset(path: str, endpoint_url: str | None = None, anonymous: bool = False) -> bool:
     """``path`` is a folder ``datasets.save_to_disk`` wrote (asked once per path a process:
-    ``data_format`` is read on the data path); an ``s3://`` path is asked of its store."""
-    if path.startswith("s3://"):
+    ``data_format`` is read on the data path); a URL is asked of its store."""
+    if path.startswith(tuple(SCHEMES)):
         from msd.sources import storage  # pyarrow: only where a path is remote
 
         try:
             return storage.is_file(
-                storage.join(path, "state.json"), storage.Store(endpoint_url=endpoint_url)
+                storage.join(path, "state.json"), storage.Store(endpoint_url, anonymous)
             )
         except OSError:
             return False  # reported where the source is opened
@@ -137,9 +139,12 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         that many sources do not mean as many processes.
     shadows: hot-standby loader processes with the source open; one takes over the work of a
         loader of it that dies or hangs (``loader.heartbeat_s``), and a new shadow is started.
-    endpoint_url: an S3-compatible store's endpoint for an ``s3://`` path (default: the AWS
-        environment's ``AWS_ENDPOINT_URL``, else AWS); credentials and region come from the
-        standard AWS environment and config. anonymous: read a public bucket unsigned.
+    endpoint_url: the object store's endpoint for a URL path: an S3-compatible store's for
+        ``s3://`` (default: the AWS environment's ``AWS_ENDPOINT_URL``, else AWS), an
+        emulator's for ``gs://`` (default: ``STORAGE_EMULATOR_HOST``, else Google's) or for
+        ``az://``/``abfs[s]://`` (``http://HOST:PORT``: Azurite); credentials come from each
+        cloud's standard chain (docs/sources.md). anonymous: read a public bucket or
+        container unsigned.
     cache: keep what it reads from an object store on local disk (`Cache`; default: the
         job's ``cache``); a local source ignores it.
     group_rows: rows per row group (the shuffle's unit) for formats that cut their own: JSONL
@@ -180,7 +185,8 @@ class Source(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         for endings, name in FORMAT_ENDINGS:
             if path.endswith(endings):
                 return name
-        return "arrow" if _saved_dataset(self.path, self.endpoint_url) else "parquet"
+        saved = _saved_dataset(self.path, self.endpoint_url, self.anonymous)
+        return "arrow" if saved else "parquet"
 
     @property
     def has_images(self) -> bool:

@@ -7,7 +7,7 @@ clips: then a stored row is as many samples as its video has clips, ``msd.source
 A WebDataset shard is one "row group" of the source's index: its samples in the tar's order,
 found by scanning member headers once (then cached, ``MSD_CACHE_DIR`` or
 ``~/.cache/msd/webdataset``); the rows asked for are read at their members' offsets, from one
-open shard, a run of members close together at once (for an ``s3://`` shard, one ranged GET per
+open shard, a run of members close together at once (for a remote shard, one ranged GET per
 run of consecutive samples). A Parquet image source reads the text and image columns of a row
 group.
 """

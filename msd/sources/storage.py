@@ -1,15 +1,15 @@
-"""Where a source's files live: the local filesystem, or an object store (``s3://``) through
-pyarrow's filesystems.
+"""Where a source's files live: the local filesystem, or an object store (``s3://``, ``gs://``,
+``az://``/``abfs[s]://``) through pyarrow's own filesystems, one module a store
+(`msd.sources.stores`).
 
-pyarrow's S3 filesystem rather than fsspec/s3fs: pyarrow is already how msd reads Parquet and
-Arrow, its S3 client is C++ (reads run without the GIL, no event loop in every loader), and a
-`pyarrow.NativeFile` it opens reads byte ranges (``read_at``), so a row group, a tar member or a
-line range is one ranged GET — no file is ever downloaded whole. Credentials and region come
-from the standard AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
-``~/.aws/config``, instance roles); a source's ``endpoint_url`` (else ``AWS_ENDPOINT_URL_S3`` /
-``AWS_ENDPOINT_URL``) names an S3-compatible store.
+pyarrow's filesystems rather than fsspec: pyarrow is already how msd reads Parquet and Arrow,
+its S3, GCS and Azure clients are C++ (reads run without the GIL, no event loop in every
+loader), and a `pyarrow.NativeFile` it opens reads byte ranges (``read_at``), so a row group, a
+tar member or a line range is one ranged GET — no file is ever downloaded whole. Credentials
+come from each cloud's standard chain; a source's ``endpoint_url`` names a compatible store or
+an emulator (`msd.sources.stores.s3`, `.gcs`, `.azure` say how).
 
-pyarrow's own retries are turned off: a loader retries a failed read itself (``loader.
+A store's client retries little or not at all: a loader retries a failed read itself (``loader.
 read_retry_s``), between its other work, and counts every retry (``msd.roles.loader``).
 
 Every function takes a path that is either local or a URL; `is_remote` tells which.
@@ -18,7 +18,6 @@ Every function takes a path that is either local or a URL; `is_remote` tells whi
 from __future__ import annotations
 
 import dataclasses
-import functools
 import glob as globmod
 import logging
 import os
@@ -32,16 +31,13 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from msd.sources import stores
 from msd.sources.cache import CacheConfig, CacheError, open_cached
+from msd.sources.stores import Meaning, ObjectStore, Place, azure, gcs, s3
+from msd.sources.stores import StoreError as StoreError  # where callers have always found it
 
-SCHEMES = ("s3://",)
-# One attempt per request: msd's loaders retry, counted (see the module docstring).
-# A request whose transfer stalls this long fails (curl's low-speed time, not a total: a large
-# read that keeps moving is never cut); under ``loader.heartbeat_s``, so a loader waiting on a
-# store that stopped answering is not taken for dead.
-CONNECT_TIMEOUT_S = 2.0
-REQUEST_TIMEOUT_S = 2.0
-DEFAULT_REGION = "us-east-1"
+SCHEMES = tuple(stores.SCHEMES)
+_MODULES: dict[str, ObjectStore] = {"s3": s3, "gcs": gcs, "azure": azure}
 _WILDCARD = re.compile(r"[*?\[]")
 # Opening a source (listing, footers, indexes) tries a store's transient failure again for up
 # to this long, blocking: it happens before a role serves anyone.
@@ -53,9 +49,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Store:
-    """How to reach an object store: an S3-compatible endpoint (None: AWS's, or the AWS
-    environment's ``AWS_ENDPOINT_URL``), and whether to sign requests (``anonymous``: a public
-    bucket); ``cache``: keep what is read on local disk (`msd.sources.cache`)."""
+    """How to reach an object store: its endpoint (None: the cloud's own, or the one its
+    environment names: an S3-compatible store, an emulator), and whether to sign requests
+    (``anonymous``: a public bucket or container); ``cache``: keep what is read on local disk
+    (`msd.sources.cache`)."""
 
     endpoint_url: str | None = None
     anonymous: bool = False
@@ -72,14 +69,6 @@ class Listed:
     path: str
     size: int
     mtime_ns: int
-
-
-class StoreError(OSError):
-    """An object store refused or did not answer; ``transient``: retrying may help."""
-
-    def __init__(self, message: str, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
 
 
 def retrying(fn: Callable[[], T], path: str, store: Store, budget_s: float | None = None) -> T:
@@ -119,41 +108,33 @@ def is_remote(path: str) -> bool:
     return path.startswith(SCHEMES)
 
 
+def store_of_url(url: str) -> ObjectStore:
+    """The module of the store ``url`` is in (by its scheme)."""
+    scheme = url[: url.index("://") + 3]
+    return _MODULES[stores.SCHEMES[scheme]]
+
+
 def filesystem(path: str, store: Store) -> tuple[pafs.FileSystem, str]:
-    """The filesystem ``path`` lives on, and the path to give it (``bucket/key`` for S3)."""
+    """The filesystem ``path`` lives on, and the path to give it (``bucket/key`` for a URL)."""
     if not is_remote(path):
         return pafs.LocalFileSystem(), path
-    return _s3(store), path[len("s3://") :]
+    kind = store_of_url(path)
+    where = kind.place(path)
+    return kind.filesystem(where, store), where.inner
 
 
-@functools.lru_cache(maxsize=16)
-def _s3(store: Store) -> pafs.S3FileSystem:
-    endpoint = _endpoint(store)
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    scheme = None
-    if endpoint is not None:
-        scheme = "http" if endpoint.startswith("http://") else "https"
-        region = region or DEFAULT_REGION
-    return pafs.S3FileSystem(
-        anonymous=store.anonymous,
-        region=region,
-        endpoint_override=endpoint,
-        scheme=scheme or "https",
-        connect_timeout=CONNECT_TIMEOUT_S,
-        request_timeout=REQUEST_TIMEOUT_S,
-        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
-    )
+def endpoint_of(store: Store, path: str) -> str:
+    """Where the store's requests for ``path`` go, in words, for messages and cache keys."""
+    kind = store_of_url(path)
+    try:
+        return kind.endpoint(kind.place(path), store)
+    except StoreError:
+        return store.endpoint_url or "an object store"
 
 
-def endpoint_of(store: Store) -> str:
-    """The store's endpoint, in words, for messages."""
-    return _endpoint(store) or "AWS S3"
-
-
-def _endpoint(store: Store) -> str | None:
-    """The store's ``endpoint_url``, else the AWS environment's; None: AWS's own."""
-    env = os.environ
-    return store.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+def bucket_word(path: str) -> str:
+    """What holds a URL's objects, in its store's words: ``bucket``, ``container``."""
+    return store_of_url(path).NOUN
 
 
 def open_input(path: str, store: Store = LOCAL) -> pa.NativeFile:
@@ -176,7 +157,7 @@ def _cached(path: str, store: Store) -> pa.NativeFile:
         return open_cached(
             store.cache,
             stat(path, plain),
-            endpoint_of(plain),
+            endpoint_of(plain, path),
             lambda: open_input(path, plain),
             lambda exc: _failure(exc, path, plain),
         )
@@ -229,7 +210,7 @@ def is_file(path: str, store: Store = LOCAL) -> bool:
 
 
 def is_dir(path: str, store: Store = LOCAL) -> bool:
-    """A local folder; for S3, a prefix holding objects (``s3://bucket/prefix``)."""
+    """A local folder; for a URL, a prefix holding objects (``s3://bucket/prefix``)."""
     if not is_remote(path):
         return os.path.isdir(path)
     fs, inner = filesystem(path, store)
@@ -260,41 +241,42 @@ def glob(pattern: str, store: Store = LOCAL) -> tuple[Listed, ...]:
         paths = sorted({os.path.abspath(m) for m in found if os.path.isfile(m)})
         return tuple(stat(p) for p in paths)
     fs, inner = filesystem(pattern, store)
-    bucket, _, key = inner.partition("/")
+    where = store_of_url(pattern).place(pattern)
+    key = where.key
     literal = _WILDCARD.split(key, maxsplit=1)[0]
     if literal == key:  # no wildcard: one object (a folder is not matched, like glob)
         info = _call(lambda: fs.get_file_info(inner), pattern, store)
         if info.type != pafs.FileType.File:
-            _check_bucket(fs, bucket, pattern, store)
+            _check_bucket(fs, where, pattern, store)
             return ()
         return (Listed(pattern, int(info.size or 0), int(info.mtime_ns or 0)),)
     prefix = literal.rpartition("/")[0]
     rest = key[len(prefix) :].lstrip("/")
     selector = pafs.FileSelector(
-        f"{bucket}/{prefix}".rstrip("/"),
+        f"{where.bucket}/{prefix}".rstrip("/"),
         recursive="/" in rest or "**" in rest,
         allow_not_found=True,
     )
     infos = _call(lambda: fs.get_file_info(selector), pattern, store)
     if not infos:
-        _check_bucket(fs, bucket, pattern, store)
+        _check_bucket(fs, where, pattern, store)
     match = _glob_regex(key).fullmatch
-    listed = [
-        Listed(f"s3://{info.path}", int(info.size or 0), int(info.mtime_ns or 0))
-        for info in infos
-        if info.type == pafs.FileType.File and match(info.path.partition("/")[2])
-    ]
+    listed = []
+    for info in infos:
+        found = info.path.partition("/")[2]
+        if info.type == pafs.FileType.File and match(found):
+            listed.append(
+                Listed(f"{where.root}/{found}", int(info.size or 0), int(info.mtime_ns or 0))
+            )
     return tuple(sorted(listed, key=lambda item: item.path))
 
 
-def _check_bucket(fs: pafs.FileSystem, bucket: str, path: str, store: Store) -> None:
-    """A `StoreError` if ``bucket`` does not exist (listing a missing one finds nothing)."""
-    if _call(lambda: fs.get_file_info(bucket), path, store).type == pafs.FileType.NotFound:
-        raise StoreError(
-            f"the bucket '{bucket}' does not exist at {endpoint_of(store)}; check the bucket "
-            "name in the path, and endpoint_url for an S3-compatible store",
-            transient=False,
-        )
+def _check_bucket(fs: pafs.FileSystem, where: Place, path: str, store: Store) -> None:
+    """A `StoreError` if ``where``'s bucket does not exist (listing a missing one finds
+    nothing)."""
+    info = _call(lambda: fs.get_file_info(where.bucket), path, store)
+    if info.type == pafs.FileType.NotFound:
+        raise _missing_bucket(path, store)
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
@@ -350,99 +332,45 @@ def _call(fn, path: str, store: Store):  # type: ignore[no-untyped-def]
         raise store_error(exc, path, store) from exc
 
 
-# An object store's answers (pyarrow's AWS error names, HTTP statuses), by what they mean.
-_MISSING_BUCKET = ("NO_SUCH_BUCKET", "NoSuchBucket")
-_DENIED = (
-    "ACCESS_DENIED",
-    "INVALID_ACCESS_KEY_ID",
-    "SIGNATURE_DOES_NOT_MATCH",
-    "HTTP status 403",
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "ExpiredToken",
-    "MISSING_AUTHENTICATION_TOKEN",
-)
-_TRANSIENT = (
-    "NETWORK_CONNECTION",
-    "SLOW_DOWN",
-    "THROTTL",
-    "SERVICE_UNAVAILABLE",
-    "INTERNAL_FAILURE",
-    "REQUEST_TIMEOUT",
-    "REQUEST_TIME_TOO_SKEWED",
-    "HTTP status 5",
-    "HTTP status 429",
-    "curlCode",
-    "imed out",
-    "Connection reset",
-    "Broken pipe",
-    "Couldn't connect",
-    "Could not connect",
-)
-
-
 def store_error(exc: BaseException, path: str, store: Store) -> StoreError:
     """What an object store's failure means, in one sentence naming ``path``."""
+    kind = store_of_url(path)
     text = str(exc)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    detail = first.split(": ", 1)[-1][:200] if "AWS Error" in first else first[:200]
-    bucket = path[len("s3://") :].partition("/")[0]
-    where = endpoint_of(store)
-    if any(t in text for t in _MISSING_BUCKET):
+    detail = kind.detail(first)[:200]
+    try:
+        where = kind.endpoint(kind.place(path), store)
+    except StoreError as unplaced:
+        return unplaced
+    meaning = kind.meaning(text)
+    if meaning is Meaning.MISSING_BUCKET:
+        return _missing_bucket(path, store)
+    no_credentials = kind.signs(store) and not kind.credentials_found()
+    if meaning in (Meaning.DENIED, Meaning.TRANSIENT) and no_credentials:
+        # A request without credentials failed: their absence is the likely cause, and trying
+        # again would only delay saying so.
         return StoreError(
-            f"the bucket '{bucket}' does not exist at {where}; check the bucket name in the "
-            "path, and endpoint_url for an S3-compatible store",
+            f"{where} did not serve '{path}' ({detail}) and no {kind.NAME} credentials were "
+            f"found; set {kind.SET_CREDENTIALS}, or `anonymous: true` on the source for a "
+            f"public {kind.NOUN}",
             transient=False,
         )
-    if any(t in text for t in _DENIED):
+    if meaning is Meaning.DENIED:
         return StoreError(
             f"{where} refused access to '{path}' ({detail}); check the credentials "
-            "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and that they may read the "
-            "bucket",
+            f"{kind.CREDENTIALS} and that they may read the {kind.NOUN}",
             transient=False,
         )
-    transient = any(t in text for t in _TRANSIENT)
-    if transient and not store.anonymous and not credentials_found():
-        # An unsigned request failed: the missing credentials are the likely cause, and
-        # trying again would only delay saying so.
-        return StoreError(
-            f"{where} did not serve '{path}' ({detail}) and no AWS credentials were found; set "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or `anonymous: "
-            "true` on the source for a public bucket",
-            transient=False,
-        )
-    return StoreError(f"{where} did not serve '{path}' ({detail})", transient=transient)
-
-
-def credentials_found() -> bool:
-    """Whether the standard AWS chain has somewhere to take credentials from, short of an
-    instance role (which only asking can tell)."""
-    env = os.environ
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        return True
-    if any(
-        env.get(name)
-        for name in (
-            "AWS_PROFILE",
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        )
-    ):
-        return True
-    files = (
-        env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials",
-        env.get("AWS_CONFIG_FILE") or "~/.aws/config",
+    return StoreError(
+        f"{where} did not serve '{path}' ({detail})", transient=meaning is Meaning.TRANSIENT
     )
-    if any(os.path.isfile(os.path.expanduser(f)) for f in files):
-        return True
-    return env.get("AWS_EC2_METADATA_DISABLED", "").lower() != "true" and _on_cloud_instance()
 
 
-def _on_cloud_instance() -> bool:
-    """An instance role may answer (the machine looks like a cloud VM)."""
-    try:
-        vendor = Path("/sys/class/dmi/id/sys_vendor").read_text().strip().lower()
-    except OSError:
-        return False
-    return any(v in vendor for v in ("amazon", "google", "microsoft"))
+def _missing_bucket(path: str, store: Store) -> StoreError:
+    kind = store_of_url(path)
+    where = kind.place(path)
+    return StoreError(
+        f"the {kind.NOUN} '{where.bucket}' does not exist at {kind.endpoint(where, store)}; "
+        f"check the {kind.NOUN} name in the path{kind.ENDPOINT_HINT}",
+        transient=False,
+    )

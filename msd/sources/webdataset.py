@@ -485,7 +485,7 @@ def _cache_name(tar: str, store: Store) -> str:
         local = Path(tar)
         digest = hashlib.sha256(str(local.resolve()).encode("utf-8", "surrogateescape"))
         return f"{local.name}.{digest.hexdigest()[:16]}.index.json"
-    where = f"{storage.endpoint_of(store)}\0{tar}"
+    where = f"{storage.endpoint_of(store, tar)}\0{tar}"
     digest = hashlib.sha256(where.encode("utf-8", "surrogateescape"))
     return f"{storage.cache_name(tar)}.{digest.hexdigest()[:16]}.index.json"
 

@@ -11,6 +11,7 @@ import pytest
 from msd.roles.loader.outage import FIRST_DELAY_S, MAX_DELAY_S, Outage
 from msd.sources import storage
 from msd.sources.storage import Store
+from msd.sources.stores import s3
 
 
 @pytest.mark.parametrize(
@@ -85,7 +86,7 @@ def test_without_credentials_a_refusal_says_where_credentials_come_from(
             monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    assert not storage.credentials_found()
+    assert not s3.credentials_found()
     error = storage.store_error(
         OSError("AWS Error INTERNAL_FAILURE during ListObjectsV2 operation: "),
         "s3://bkt/a",
@@ -94,7 +95,7 @@ def test_without_credentials_a_refusal_says_where_credentials_come_from(
     assert "no AWS credentials were found" in str(error) and "anonymous" in str(error)
     assert not error.transient  # said at once, not after the retry budget
     monkeypatch.setenv("AWS_PROFILE", "team")
-    assert storage.credentials_found()
+    assert s3.credentials_found()
 
 
 def test_retries_back_off_doubling_until_the_budget_is_spent() -> None:

@@ -11,7 +11,7 @@ counts come from the IPC metadata, emptiness from two offsets per batch), and a 
 are slices of the map, so nothing is resident beyond the pages a loader touches. No
 ``datasets`` import: pyarrow alone reads what it writes.
 
-Files in an object store (``s3://``, `msd.sources.storage`) are read by range instead. The file
+Files in an object store (`msd.sources.storage`) are read by range instead. The file
 format is random access: its footer, then each batch, is one ranged read. A stream has no
 footer: indexing reads it once, front to back, a batch at a time; a reader opening one reads it
 once too, keeping only where each record batch lies (cached on the machine, so a reopened
@@ -67,7 +67,7 @@ class ArrowFormat:
 
     def files(self, source: Source, key: str) -> tuple[str, ...]:
         """A ``save_to_disk`` folder's data files in ``state.json`` order, else the sorted
-        ``.arrow`` files the glob matches (local or ``s3://``) — or, in a job, the files it
+        ``.arrow`` files the glob matches (local or a URL) — or, in a job, the files it
         named when the job started (``Source.files``)."""
         if source.files:
             return tuple(f.path for f in source.files)
@@ -416,7 +416,7 @@ def _store_failure(source: Source, key: str, path: str, exc: OSError) -> SourceE
 
 
 def _saved_files(source: Source, key: str, folder: str) -> tuple[str, ...]:
-    """The data files of a ``Dataset.save_to_disk`` folder (local, or an ``s3://`` prefix), in
+    """The data files of a ``Dataset.save_to_disk`` folder (local, or a URL prefix), in
     its ``state.json`` order."""
     where = f"source '{source.name}' ({key}.path): '{folder}'"
     remote = storage.is_remote(folder)

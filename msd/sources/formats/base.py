@@ -107,14 +107,14 @@ def check_cache(source: Source, key: str) -> None:
 
 def glob_files(source: Source, key: str) -> tuple[str, ...]:
     """The regular files ``source.path`` (a glob; ``~`` expanded, ``**`` recursive; or an
-    ``s3://`` URL) matches, as sorted absolute paths or URLs — or, in a job, the files it
+    object store's URL) matches, as sorted absolute paths or URLs — or, in a job, the files it
     matched when the job started (``Source.files``)."""
     if source.files:
         return tuple(f.path for f in source.files)
     files = tuple(f.path for f in listing(source, key, source.path))
     if not files:
         hint = (
-            "check the bucket and prefix"
+            f"check the {storage.bucket_word(source.path)} and prefix"
             if storage.is_remote(source.path)
             else "check the path, relative paths are taken from the current directory"
         )
@@ -149,7 +149,7 @@ def listed_key(found: storage.Listed, store: Store = storage.LOCAL) -> str:
     """A name for something cached of a file as ``found`` (its absolute path, or its URL and
     store's endpoint: one key on two stores is two files; its size and modification time)."""
     if storage.is_remote(found.path):
-        where = f"{found.path}\0{storage.endpoint_of(store)}"
+        where = f"{found.path}\0{storage.endpoint_of(store, found.path)}"
     else:
         where = os.path.abspath(found.path)
     text = f"{where}\0{found.size}\0{found.mtime_ns}"

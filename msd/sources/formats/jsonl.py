@@ -1,5 +1,5 @@
 """JSON Lines files (``.jsonl``, ``.ndjson``, ``.json``; plain, ``.gz`` or ``.zst``; local or
-``s3://``): one scan finds each usable line's bytes; reads then take one row group's byte range.
+remote): one scan finds each usable line's bytes; reads then take one row group's byte range.
 
 A line is a JSON object; the source's column is a key path into it (``text``, ``meta.content``:
 dots nest). `load_index` streams the (decompressed) file once, in bounded memory, and records

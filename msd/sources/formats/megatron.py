@@ -6,7 +6,7 @@ its own), or of ``group_rows`` documents where the source sets it. Reads are zer
 of a memory map of the ``.bin`` whenever a group's sequences lie back to back, as Megatron's
 builder writes them; other layouts are gathered.
 
-A dataset in an object store (``s3://``, `msd.sources.storage`) is read the same way without a
+A dataset in an object store (`msd.sources.storage`) is read the same way without a
 map: its ``.idx`` is read whole (the header first, to check the sizes it claims) and held in
 memory while the file is open, and a row group's tokens are one ranged read of the ``.bin``.
 
@@ -109,7 +109,7 @@ class MegatronFormat:
 
     def files(self, source: Source, key: str) -> tuple[str, ...]:
         """The ``.idx`` files ``source.path`` names (a ``.idx`` glob, a ``.bin`` glob, or a
-        data prefix as Megatron's ``data_path`` takes it; local or ``s3://``), sorted — or, in a
+        data prefix as Megatron's ``data_path`` takes it; local or a URL), sorted — or, in a
         job, those it named when the job started (``Source.files``); each needs its ``.bin``."""
         if source.files:
             return tuple(f.path for f in source.files)
@@ -132,7 +132,7 @@ class MegatronFormat:
             idx_files = _glob(source, key, stem + ".idx")
         if not idx_files:
             hint = (
-                "and check the bucket and prefix"
+                f"and check the {storage.bucket_word(source.path)} and prefix"
                 if remote
                 else "relative paths being taken from the current directory"
             )
