@@ -18,6 +18,8 @@ import yaml
 
 from msd.synth import SynthSource, synth
 from tests.s3 import server as s3server
+from tests.stores import Bucket, registry
+from tests.stores import process as emulators
 
 SMALL_SOURCES = (
     SynthSource("web", median_tokens=40, sigma=0.8, max_tokens=700, num_samples=500),
@@ -290,3 +292,100 @@ def s3(
     s3_server.make_bucket(bucket)
     yield s3server.S3Bucket(s3_server, bucket)
     s3_server.resume()  # a test that failed while it had paused the server
+
+
+_STORES_START_HINT = "run tests/stores/up.sh"
+
+
+def _emulator(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[emulators.Emulator]:
+    """The emulator of ``kind`` that tests/stores/up.sh started, if it answers; else one started
+    for this session and stopped at its end. Where it cannot start it skips, or with
+    MSD_REQUIRE_GCS=1 / MSD_REQUIRE_AZURE=1 fails."""
+    shared = emulators.load(registry.state_file(kind))
+    if shared is not None and shared.answers():
+        yield shared
+        return
+    why = registry.KINDS[kind].missing()
+    if why is not None:
+        flag = f"MSD_REQUIRE_{kind.upper()}"
+        if os.environ.get(flag) == "1":
+            pytest.fail(
+                f"the {kind} emulator is required ({flag}=1) but none is up and {why}; "
+                f"or {_STORES_START_HINT}",
+                pytrace=False,
+            )
+        pytest.skip(f"no {kind} emulator ({why}), or {_STORES_START_HINT}")
+    emulator = registry.KINDS[kind].start(log_dir=tmp_path_factory.mktemp(f"{kind}-emulator"))
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+def set_env(monkeypatch: pytest.MonkeyPatch, values: dict[str, str | None]) -> None:
+    """Set each of ``values`` in ``os.environ`` for the test (None: unset it)."""
+    for name, value in values.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[emulators.Emulator]:
+    """A real GCS emulator (gcp-storage-emulator) on loopback (`_emulator`)."""
+    yield from _emulator("gcs", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[emulators.Emulator]:
+    """A real Azure Blob Storage emulator (Azurite, its development account) (`_emulator`)."""
+    yield from _emulator("azure", tmp_path_factory)
+
+
+def _bucket(
+    kind: str,
+    emulator: emulators.Emulator,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    home: Path,
+) -> Bucket:
+    """A fresh bucket (container) for this test, and the emulator's environment in
+    ``os.environ`` (so commands the test starts inherit it)."""
+    module = registry.KINDS[kind]
+    set_env(monkeypatch, module.env(emulator, home))
+    fs = module.filesystem(emulator)
+    bucket = Bucket(kind, module.SCHEME, emulator, s3server.bucket_name(request.node.name), fs)
+    fs.create_dir(bucket.name)
+    return bucket
+
+
+@pytest.fixture
+def gcs(
+    gcs_server: emulators.Emulator,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Bucket:
+    """A fresh bucket on the GCS emulator; no Google credentials in the environment."""
+    home = tmp_path_factory.mktemp("home")
+    return _bucket("gcs", gcs_server, request, monkeypatch, home)
+
+
+@pytest.fixture
+def azure(
+    azure_server: emulators.Emulator,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Bucket:
+    """A fresh container on Azurite; its development account and key in the environment."""
+    home = tmp_path_factory.mktemp("home")
+    return _bucket("azure", azure_server, request, monkeypatch, home)
+
+
+@pytest.fixture(params=["gcs", "azure"])
+def cloud(request: pytest.FixtureRequest) -> Bucket:
+    """A fresh bucket on each emulator in turn (GCS, then Azure)."""
+    bucket: Bucket = request.getfixturevalue(request.param)
+    return bucket
