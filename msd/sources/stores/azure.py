@@ -1,6 +1,6 @@
 """Azure Blob Storage (and Data Lake Storage Gen2), through pyarrow's AzureFileSystem.
 
-A URL names a container and a path in it, in one of two forms:
+A URL names a container and a path in it:
 
 - ``az://CONTAINER/PATH``: the storage account is ``AZURE_STORAGE_ACCOUNT_NAME``'s;
 - ``abfs[s]://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH`` (or ``.blob.``), or
