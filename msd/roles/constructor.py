@@ -16,7 +16,6 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -30,9 +29,10 @@ from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.intake import Intake, Key, Sample
 from msd.roles.outlets import Outlets
+from msd.roles.ready import Names, Ready
 from msd.sample import SampleImages
 from msd.shard import cp_slice
-from msd.wire import compact, transport
+from msd.wire import transport
 from msd.wire.protocol import (
     Batch,
     Behind,
@@ -47,9 +47,7 @@ from msd.wire.protocol import (
     Refused,
     Stats,
     Stop,
-    TensorSpec,
     Welcome,
-    frame_offsets,
     trained_spans,
 )
 from msd.wire.rejects import Rejects
@@ -62,42 +60,6 @@ GET_MAX_BYTES = 1 << 16  # a trainer's request is a few dozen bytes
 PARKED_PER_RANK = 4  # a Client has one request in flight (two as the stream ends)
 EARLY_CAP_MIN_BYTES = 64 << 20
 PAYLOADS_PER_PEER = 64  # payloads queued from one loader before ZeroMQ reads it no further
-
-Arrays = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class Ready:
-    """One built batch as it crosses the socket: what a trainer gets (``tensors``) and the
-    frames that carry it (``msd.wire.compact``)."""
-
-    tensors: dict[str, TensorSpec]
-    frames: dict[str, np.ndarray]
-    sent: dict[tuple[str, ...], tuple[tuple[TensorSpec, ...], np.ndarray]]  # by tensor names
-
-    @classmethod
-    def of(cls, arrays: Arrays) -> Ready:
-        specs = {n: TensorSpec(n, str(a.dtype), a.shape) for n, a in arrays.items()}
-        return cls(specs, compact.encode(arrays, arrays), {})
-
-    def joined(self, names: tuple[str, ...]) -> tuple[tuple[TensorSpec, ...], np.ndarray]:
-        """The specs of the frames that carry ``names``, and the one buffer that holds them
-        (made once for each set of names: the TP peers of a rank share it)."""
-        if names not in self.sent:
-            carried = {f: self.frames[f] for f in compact.carried_by(names, self.frames)}
-            specs = tuple(TensorSpec(f, str(a.dtype), a.shape) for f, a in carried.items())
-            offsets = frame_offsets(specs)
-            buffer = np.zeros(offsets[-1], dtype=np.uint8)
-            for at, frame in zip(offsets, carried.values(), strict=False):
-                buffer[at : at + frame.nbytes] = frame.reshape(-1).view(np.uint8)
-            self.sent[names] = (specs, buffer)
-        return self.sent[names]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(f.nbytes for f in self.frames.values()) + sum(
-            b.nbytes for _, b in self.sent.values()
-        )
 
 
 class Constructor:
@@ -123,6 +85,10 @@ class Constructor:
         self.groups: dict[tuple[int, int], list[int]] = {}
         for rank, c in self.coords.items():
             self.groups.setdefault((c.dp, c.cp), []).append(rank)
+        self.readers = {  # what each group's ranks read (its pipeline stages differ)
+            group: tuple(dict.fromkeys(self.topology.tensors(self.coords[r]) for r in ranks))
+            for group, ranks in self.groups.items()
+        }
         ctx, keys = transport.context(), job.keys()
         self.clients, client_endpoint = transport.bind(ctx, zmq.ROUTER, keys, GET_MAX_BYTES)
         self.payloads_in, payload_endpoint = transport.bind(
@@ -316,7 +282,8 @@ class Constructor:
                 self.video,
                 self.recipe.has_masks,
             )
-            ready = Ready.of(cp_slice(packed, self.topology.cp, cp_rank))
+            sliced = cp_slice(packed, self.topology.cp, cp_rank)
+            ready = Ready.of(sliced, self.readers[(dp, cp_rank)])
             self.ready[(dp, cp_rank, step)] = ready
             size += ready.nbytes
         self.step_bytes = max(self.step_bytes, size)
@@ -437,7 +404,7 @@ class Constructor:
                     self.clients, Ended(num_steps=self.num_steps), to=self.parked.pop(key)
                 )
 
-    def _send_batch(self, identity: bytes, step: int, ready: Ready, names: tuple[str, ...]) -> None:
+    def _send_batch(self, identity: bytes, step: int, ready: Ready, names: Names) -> None:
         frames, buffer = ready.joined(names)
         batch = Batch(step=step, tensors=tuple(ready.tensors[n] for n in names), frames=frames)
         transport.send(self.clients, batch, [buffer], to=identity)
