@@ -35,6 +35,7 @@ Loaders and constructors
     msd_constructor_cpu_seconds_total{constructor}   counter  CPU time used
     msd_constructor_pss_bytes{constructor}           gauge    proportional set size
     msd_constructor_ready_bytes{constructor}         gauge    bytes of batches built ahead
+    msd_constructor_payload_bytes{constructor}       gauge    payloads held, steps not built
     msd_constructor_relayed_messages_total{constructor} counter payloads passed on to others
     msd_constructor_relayed_bytes_total{constructor} counter  their bytes
     msd_rejected_messages_total{role,reason}         counter  messages dropped as malformed,
@@ -177,6 +178,12 @@ _CONSTRUCTOR: _Table[ConstructorView] = (
     (C, "msd_constructor_cpu_seconds", "CPU time used.", lambda x: x.cpu_seconds),
     (G, "msd_constructor_pss_bytes", "Proportional set size.", lambda x: x.pss_bytes),
     (G, "msd_constructor_ready_bytes", "Bytes of batches built ahead.", lambda x: x.ready_bytes),
+    (
+        G,
+        "msd_constructor_payload_bytes",
+        "Bytes of payloads held for steps not built yet.",
+        lambda x: x.payload_bytes,
+    ),
     (C, "msd_constructor_relayed_messages", "Payloads passed on.", lambda x: x.relayed),
     (C, "msd_constructor_relayed_bytes", "Bytes of payloads passed on.", lambda x: x.relayed_bytes),
 )

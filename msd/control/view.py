@@ -374,6 +374,7 @@ def _constructor_view(role: _Role, state: str) -> ConstructorView:
         rejected=stats.rejected if stats else {},
         relayed=stats.relayed if stats else 0,
         relayed_bytes=stats.relayed_bytes if stats else 0,
+        payload_bytes=stats.payload_bytes if stats else 0,
     )
 
 

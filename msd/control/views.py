@@ -79,6 +79,7 @@ class ConstructorView(msgspec.Struct, frozen=True, kw_only=True):
     rejected: dict[str, int] = {}  # messages dropped, by reason (docs/security.md)
     relayed: int = 0  # payload messages passed on to other Constructors (msd.plan.fanout)
     relayed_bytes: int = 0
+    payload_bytes: int = 0  # payloads held for steps not built yet (and not relayed yet)
 
 
 class RankView(msgspec.Struct, frozen=True, kw_only=True):

@@ -436,6 +436,7 @@ class Constructor:
             rejected=self.rejects.snapshot(),
             relayed=self.relayed,
             relayed_bytes=self.relayed_bytes,
+            payload_bytes=self.intake.held_bytes + self.unrelayed_bytes,
         )
 
     def _report_progress(self) -> None:

@@ -34,11 +34,18 @@ class Intake:
         self.early_cap_bytes = early_cap_bytes
         self.missing: dict[int, set[Key]] = {}  # planned step → samples not received yet
         self.held: dict[int, dict[Key, Sample]] = {}  # step → samples received for it
-        self.early: dict[int, int] = {}  # unplanned step → bytes of the frames kept for it
+        # step → bytes of the payload frames it keeps samples of (a sample is a view on one)
+        self.frame_bytes: dict[int, int] = {}
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the payloads held for steps not built yet."""
+        return sum(self.frame_bytes.values())
 
     @property
     def early_bytes(self) -> int:
-        return sum(self.early.values())
+        """Bytes of the payloads held for steps not planned yet."""
+        return sum(b for s, b in self.frame_bytes.items() if s not in self.missing)
 
     def planned(self, step: int) -> bool:
         return step in self.missing
@@ -58,19 +65,22 @@ class Intake:
             kept += 1
             if missing is not None:
                 missing.discard(key)
+        if kept:
+            self.frame_bytes[step] = self.frame_bytes.get(step, 0) + frame_bytes
         if missing is None and kept:
-            self.early[step] = self.early.get(step, 0) + frame_bytes
             self._bound_early()
         if not held:
             del self.held[step]
 
     def plan(self, step: int, needed: set[Key]) -> None:
         """The plan of ``step`` came: keep what it needs of what arrived, wait for the rest."""
-        self.early.pop(step, None)
         held = self.held.get(step, {})
         for key in [k for k in held if k not in needed]:
             del held[key]
             self.rejects.count("unplanned", f"step {step} does not need sample {key}")
+        if not held:  # nothing kept: its frames are gone
+            self.held.pop(step, None)
+            self.frame_bytes.pop(step, None)
         self.missing[step] = needed - held.keys()
 
     def complete(self, step: int) -> bool:
@@ -79,19 +89,20 @@ class Intake:
     def take(self, step: int) -> dict[Key, Sample]:
         """The samples of a complete step; the intake forgets the step."""
         del self.missing[step]
+        self.frame_bytes.pop(step, None)
         return self.held.pop(step, {})
 
     def forget_below(self, step: int) -> None:
         """Drop whatever is held for steps before ``step`` (built already, or never will be)."""
         for old in [s for s in self.held if s < step]:
             del self.held[old]
-            self.early.pop(old, None)
+            self.frame_bytes.pop(old, None)
         for old in [s for s in self.missing if s < step]:
             del self.missing[old]
 
     def _bound_early(self) -> None:
-        while self.early and self.early_bytes > self.early_cap_bytes:
-            furthest = max(self.early)
+        while self.early_bytes > self.early_cap_bytes:
+            furthest = max(s for s in self.frame_bytes if s not in self.missing)
             n = len(self.held.pop(furthest, {}))
-            del self.early[furthest]
+            del self.frame_bytes[furthest]
             self.rejects.count("over-capacity", f"{n} samples of step {furthest} dropped")

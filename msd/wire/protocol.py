@@ -414,6 +414,7 @@ class Stats(_Msg, frozen=True, tag=int(Kind.STATS)):
     cache_hits: int = 0
     cache_misses: int = 0
     cache_fetched_bytes: int = 0
+    payload_bytes: int = 0  # a Constructor: payloads held for steps not built yet
 
 
 class SetMix(_Msg, frozen=True, tag=int(Kind.SET_MIX)):

@@ -76,6 +76,7 @@ def view():
                 cpu_seconds=4.0,
                 pss_bytes=2 << 20,
                 ready_bytes=4096,
+                payload_bytes=512,
                 rejected={"malformed": 2, "unplanned": 5},
             ),
         ),
@@ -207,6 +208,7 @@ def test_scrape_exposes_the_view(server):
     assert value(f, "msd_constructor_cpu_seconds_total", constructor="c0") == 4.0
     assert value(f, "msd_constructor_pss_bytes", constructor="c0") == 2 << 20
     assert value(f, "msd_constructor_ready_bytes", constructor="c0") == 4096
+    assert value(f, "msd_constructor_payload_bytes", constructor="c0") == 512
 
     assert samples(f, "msd_lifecycle_samples") == {
         (("state", "read"),): 11,

@@ -73,3 +73,16 @@ def test_forget_below_drops_built_and_stale_steps():
     intake.add(6, [(0, 3)], [tokens(1)], 4)
     intake.forget_below(5)
     assert sorted(intake.held) == [6] and not intake.planned(2) and intake.early_bytes == 4
+
+
+def test_held_bytes_count_the_frames_of_steps_not_built_yet():
+    intake = Intake(Rejects("t"), early_cap_bytes=1 << 20)
+    intake.plan(1, {(0, 1), (0, 2)})
+    intake.add(1, [(0, 1)], [tokens(1)], 40)
+    intake.add(2, [(0, 3)], [tokens(2)], 30)  # early
+    intake.add(1, [(0, 1)], [tokens(1)], 40)  # a second copy: its frame is not kept
+    assert (intake.held_bytes, intake.early_bytes) == (70, 30)
+    intake.add(1, [(0, 2)], [tokens(3)], 20)
+    intake.take(1)
+    intake.plan(2, {(0, 9)})  # nothing it holds is needed: its frame goes
+    assert intake.held_bytes == 0
