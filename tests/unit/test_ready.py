@@ -16,7 +16,7 @@ IMAGE = 9000
 VALUES = 12  # patch values
 
 
-def image_batch(seed: int) -> dict[str, np.ndarray]:
+def image_batch(seed: int, loss_mask: bool = False) -> dict[str, np.ndarray]:
     """Two rows of 256 tokens: text, images (4 patches a placeholder) and padding."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -29,7 +29,7 @@ def image_batch(seed: int) -> dict[str, np.ndarray]:
             images = SampleImages(patches, ((1, 2, 6),))
             pieces.append(Piece(source=k, sample_id=10 * r + k, tokens=tokens, images=images))
         rows.append(pieces)
-    return pack_rows(rows, 256, IMAGE, VALUES)
+    return pack_rows(rows, 256, IMAGE, VALUES, loss_mask=loss_mask)
 
 
 def joined_copy(
@@ -46,11 +46,11 @@ def joined_copy(
     return specs, buffer.tobytes()
 
 
-@pytest.mark.parametrize("pp", [1, 3])
-def test_each_rank_is_sent_the_joined_copys_bytes(pp: int) -> None:
-    topology = Topology(pp=pp, vision=True)
+@pytest.mark.parametrize(("pp", "masks"), [(1, False), (3, False), (2, True)])
+def test_each_rank_is_sent_the_joined_copys_bytes(pp: int, masks: bool) -> None:
+    topology = Topology(pp=pp, vision=True, masks=masks)
     readers = tuple(topology.tensors(Coords(dp=0, pp=stage, cp=0, tp=0)) for stage in range(pp))
-    arrays = image_batch(seed=pp)
+    arrays = image_batch(seed=pp, loss_mask=masks)
     ready = Ready.of(arrays, readers)
     for names in readers:
         specs, sent = ready.joined(names)
