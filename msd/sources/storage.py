@@ -23,8 +23,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -52,11 +52,14 @@ class Store:
     """How to reach an object store: its endpoint (None: the cloud's own, or the one its
     environment names: an S3-compatible store, an emulator), and whether to sign requests
     (``anonymous``: a public bucket or container); ``cache``: keep what is read on local disk
-    (`msd.sources.cache`)."""
+    (`msd.sources.cache`); ``listed``: the size and modification time the job recorded for
+    each of its files (``msd.launch.listing``), which a file read through the cache must
+    still have."""
 
     endpoint_url: str | None = None
     anonymous: bool = False
     cache: CacheConfig | None = None
+    listed: Mapping[str, tuple[int, int]] | None = field(default=None, compare=False)
 
 
 LOCAL = Store()
@@ -152,11 +155,19 @@ def _cached(path: str, store: Store) -> pa.NativeFile:
     """``path`` read through ``store.cache``: the blocks it holds from local disk, the others
     from the store (and kept); an object changed since it was cached is read anew."""
     assert store.cache is not None
-    plain = dataclasses.replace(store, cache=None)
+    plain = dataclasses.replace(store, cache=None, listed=None)
+    now = stat(path, plain)
+    then = None if store.listed is None else store.listed.get(path)
+    if then is not None and then != (now.size, now.mtime_ns):
+        raise StoreError(
+            f"'{path}' changed after the job listed it ({then[0]:,} bytes then, {now.size:,} "
+            "now, or a newer modification time); put the old object back, or start a new job",
+            transient=False,
+        )
     try:
         return open_cached(
             store.cache,
-            stat(path, plain),
+            now,
             endpoint_of(plain, path),
             lambda: open_input(path, plain),
             lambda exc: _failure(exc, path, plain),

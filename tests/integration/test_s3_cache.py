@@ -2,7 +2,8 @@
 S3-compatible server (moto, auth on): a job over several epochs fetches each file's bytes
 once (the server's log counts the GETs) and streams what local files stream; a later job on
 the same cache fetches nothing; a cache smaller than the data evicts and reads right; an
-object rewritten after it was cached is read anew."""
+object rewritten after it was cached is read anew by a new job, and refused by name within the
+job that listed it."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ import pytest
 
 from msd.errors import SourceError
 from msd.recipe.schema import Cache, Source
-from msd.sources import cache
+from msd.sources import cache, storage
 from msd.sources.cache import CacheConfig
 from msd.sources.formats.parquet import ParquetReader
 from msd.sources.index import open_source
-from msd.sources.storage import Store
+from msd.sources.storage import Store, StoreError
 from tests.conftest import SMALL_SOURCES, read_rank_logs
 from tests.integration.test_s3 import digests, launch, local_paths, repeating, s3_paths
 from tests.s3.server import S3Bucket
@@ -148,6 +149,31 @@ def test_an_object_rewritten_after_it_was_cached_is_read_anew(s3: S3Bucket, tmp_
     s3.upload(new, "x")  # rewritten: another size, a newer modification time
     assert _groups(s3.url("x/a.parquet"), store) == _groups(str(new / "a.parquet"), Store())
     assert (gets(s3) - before)["x/a.parquet"] == 1
+
+
+def test_an_object_changed_after_the_job_listed_it_is_refused_by_name(
+    s3: S3Bucket, tmp_path: Path
+) -> None:
+    """Within a job (its files listed, with sizes and times, when it started), a rewritten
+    object is refused, as ``msd restore`` refuses it, not read anew: its stream would change."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    pq.write_table(pa.table({"text": ["the first version"] * 50}), old / "a.parquet")
+    pq.write_table(pa.table({"text": ["the second, longer version"] * 50}), new / "a.parquet")
+    s3.upload(old, "y")
+    url = s3.url("y/a.parquet")
+    listed = storage.stat(url, Store())
+    store = Store(
+        cache=CacheConfig(str(tmp_path / "c"), MAX_BYTES),
+        listed={url: (listed.size, listed.mtime_ns)},
+    )
+    assert _groups(url, store) == _groups(str(old / "a.parquet"), Store())
+    s3.upload(new, "y")
+    with pytest.raises(StoreError) as refused:
+        _groups(url, store)
+    message = str(refused.value)
+    assert url in message and "changed after the job listed it" in message
+    assert f"{listed.size:,} bytes then" in message
 
 
 def test_a_cache_dir_that_cannot_be_used_stops_the_source_in_one_sentence(

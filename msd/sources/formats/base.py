@@ -79,10 +79,17 @@ class Format(Protocol):
 
 def store_of(source: Source) -> Store:
     """How ``source``'s files are reached (its ``endpoint_url`` and ``cache``; local paths
-    ignore both)."""
+    ignore both); read through a cache, each file the job listed must still be as listed."""
     cache = source.cache
-    config = None if cache is None else CacheConfig(cache.dir, cache.max_bytes)
-    return Store(endpoint_url=source.endpoint_url, anonymous=source.anonymous, cache=config)
+    if cache is None:
+        return Store(endpoint_url=source.endpoint_url, anonymous=source.anonymous)
+    listed = {f.path: (f.size, f.mtime_ns) for f in source.files} or None
+    return Store(
+        endpoint_url=source.endpoint_url,
+        anonymous=source.anonymous,
+        cache=CacheConfig(cache.dir, cache.max_bytes),
+        listed=listed,
+    )
 
 
 def as_launched(source: Source, cluster: str) -> Source:
