@@ -59,15 +59,28 @@ _SMAPS = "/proc/self/smaps_rollup"
 STATS_EVERY_S = 1.0  # how often loaders and Constructors send the Planner their Stats
 
 
+# Reading smaps_rollup walks every mapping of the process (milliseconds in a loader with
+# pyarrow, Pillow and PyAV loaded): its PSS is read again at most this often.
+PSS_EVERY_S = 5.0
+_pss_read: list[float] = [-PSS_EVERY_S, 0.0]  # when it was last read, and what it was
+
+
 def process_usage() -> tuple[float, int]:
-    """CPU seconds this process has used, and its proportional set size in bytes (0 where
-    ``/proc/self/smaps_rollup`` is not available)."""
+    """CPU seconds this process has used, and its proportional set size in bytes as read at
+    most ``PSS_EVERY_S`` ago (0 where ``/proc/self/smaps_rollup`` is not available)."""
     cpu = time.process_time()
+    now = time.monotonic()
+    if now - _pss_read[0] >= PSS_EVERY_S:
+        _pss_read[:] = [now, float(_read_pss())]
+    return cpu, int(_pss_read[1])
+
+
+def _read_pss() -> int:
     with contextlib.suppress(OSError, ValueError, IndexError), open(_SMAPS) as f:
         for line in f:
             if line.startswith("Pss:"):
-                return cpu, int(line.split()[1]) * 1024
-    return cpu, 0
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def hello(role: str, name: str, **fields: Any) -> Hello:
