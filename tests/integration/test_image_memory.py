@@ -4,14 +4,11 @@ the same read-ahead held as patches would pass several times over."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -19,7 +16,7 @@ from PIL import Image
 
 from msd.recipe.load import load_recipe
 from tests.conftest import assert_launch_ok, start_launch
-from tests.integration.test_recovery import role_pids
+from tests.integration.test_recovery import peak_rss_until_exit
 
 SIDE = 1400  # a 1400 × 1400 photo: 2,500 placeholders, 5.9 MB of patches; 250 KB as this JPEG
 MAX_PIXELS = 14 * 14 * 4 * 2500
@@ -94,17 +91,7 @@ def test_a_loader_asked_for_ten_times_its_read_ahead_holds_bytes_not_patches(
     assert LOADER_FLOOR + held_as_patches > LOADER_RSS_BOUND
 
     proc = start_launch(tmp_path, "r.yaml", "--json")
-    peak = 0
-    try:
-        while proc.poll() is None:
-            for pid in role_pids(proc.pid, "loader"):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    peak = max(peak, psutil.Process(pid).memory_info().rss)
-            time.sleep(0.05)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err, peak = peak_rss_until_exit(proc, "loader")
     assert_launch_ok(proc, out, err)
     summary = json.loads(out[out.index("{") :])
     assert summary["steps"] == 12

@@ -99,6 +99,25 @@ def role_pids(launcher: int, role: str) -> list[int]:
     return sorted(pids)
 
 
+def peak_rss_until_exit(
+    launcher: subprocess.Popen[str], role: str, timeout_s: float = 300
+) -> tuple[str, str, int]:
+    """Wait for ``launcher`` to exit, sampling its ``role`` processes' RSS every 50 ms: its
+    output and the largest RSS one of them had (the launcher killed if this fails)."""
+    peak = 0
+    try:
+        while launcher.poll() is None:
+            for pid in role_pids(launcher.pid, role):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    peak = max(peak, psutil.Process(pid).memory_info().rss)
+            time.sleep(0.05)
+        out, err = launcher.communicate(timeout=timeout_s)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    return out, err, peak
+
+
 def victim_pids(launcher: int, victim: str, job: Path) -> list[int]:
     """The processes of role ``victim``; for ``forwarding constructor``, that of the
     Constructor that relays payloads now (its log's latest Welcome says so)."""

@@ -13,7 +13,6 @@ rescale`` of a video source, and on a restore onto DP 2 (the same global batches
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -21,7 +20,6 @@ import math
 import os
 import signal
 import tarfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,7 @@ from tests.conftest import (
     start_launch,
 )
 from tests.integration.test_multimodal import digests, global_batches, launch
-from tests.integration.test_recovery import role_pids, wait_for_step
+from tests.integration.test_recovery import peak_rss_until_exit, role_pids, wait_for_step
 from tests.videos import decode_all, encode, no_frames, write_tar
 
 IMAGE_TOKEN, VIDEO_TOKEN = 151655, 151656
@@ -412,17 +410,7 @@ def test_a_loader_of_long_1080p_videos_stays_under_its_memory_bound(tmp_path: Pa
     }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = start_launch(tmp_path, "r.yaml", "--json")
-    peak = 0
-    try:
-        while proc.poll() is None:
-            for pid in role_pids(proc.pid, "loader"):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    peak = max(peak, psutil.Process(pid).memory_info().rss)
-            time.sleep(0.05)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err, peak = peak_rss_until_exit(proc, "loader")
     assert_launch_ok(proc, out, err)
     summary = json.loads(out[out.index("{") :])
     assert summary["videos_by_source"]["long"]["read"] == 3

@@ -102,6 +102,27 @@ class ObjectStore(Protocol):
         ...
 
 
+def classify(
+    text: str, missing: tuple[str, ...], denied: tuple[str, ...], transient: tuple[str, ...]
+) -> Meaning:
+    """What a failure whose message is ``text`` means, by the words a store's client uses for
+    a missing bucket, refused credentials and a transient failure (checked in that order)."""
+    for found, words in (
+        (Meaning.MISSING_BUCKET, missing),
+        (Meaning.DENIED, denied),
+        (Meaning.TRANSIENT, transient),
+    ):
+        if any(t in text for t in words):
+            return found
+    return Meaning.OTHER
+
+
+def bucket_place(url: str, scheme: str) -> Place:
+    """Where a ``scheme://bucket/key`` URL points."""
+    bucket, _, key = url[len(scheme) :].partition("/")
+    return Place(f"{scheme}{bucket}", bucket, key)
+
+
 def on_cloud_instance() -> bool:
     """An instance's own credentials may answer (the machine looks like a cloud VM)."""
     try:

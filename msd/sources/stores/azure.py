@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
-from msd.sources.stores import Meaning, Place, StoreError, endpoint_parts, on_cloud_instance
+from msd.sources.stores import (
+    Meaning,
+    Place,
+    StoreError,
+    classify,
+    endpoint_parts,
+    on_cloud_instance,
+)
 
 if TYPE_CHECKING:
     from msd.sources.storage import Store
@@ -172,13 +179,7 @@ def endpoint(place: Place, store: Store) -> str:
 
 
 def meaning(text: str) -> Meaning:
-    if any(t in text for t in _MISSING_CONTAINER):
-        return Meaning.MISSING_BUCKET
-    if any(t in text for t in _DENIED):
-        return Meaning.DENIED
-    if any(t in text for t in _TRANSIENT):
-        return Meaning.TRANSIENT
-    return Meaning.OTHER
+    return classify(text, _MISSING_CONTAINER, _DENIED, _TRANSIENT)
 
 
 def detail(line: str) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
-from msd.sources.stores import Meaning, Place, endpoint_parts, on_cloud_instance
+from msd.sources.stores import Meaning, Place, bucket_place, endpoint_parts, on_cloud_instance
 
 if TYPE_CHECKING:
     from msd.sources.storage import Store
@@ -46,8 +46,7 @@ _NO_TOKEN = "Could not create a OAuth2 access token"
 
 
 def place(url: str) -> Place:
-    bucket, _, key = url[len(SCHEME) :].partition("/")
-    return Place(f"{SCHEME}{bucket}", bucket, key)
+    return bucket_place(url, SCHEME)
 
 
 def filesystem(place: Place, store: Store) -> pafs.FileSystem:

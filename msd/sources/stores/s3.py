@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
-from msd.sources.stores import Meaning, Place, on_cloud_instance
+from msd.sources.stores import Meaning, Place, bucket_place, classify, on_cloud_instance
 
 if TYPE_CHECKING:
     from msd.sources.storage import Store
@@ -64,8 +64,7 @@ _TRANSIENT = (
 
 
 def place(url: str) -> Place:
-    bucket, _, key = url[len(SCHEME) :].partition("/")
-    return Place(f"{SCHEME}{bucket}", bucket, key)
+    return bucket_place(url, SCHEME)
 
 
 def filesystem(place: Place, store: Store) -> pafs.FileSystem:
@@ -106,13 +105,7 @@ def _endpoint(store: Store) -> str | None:
 
 
 def meaning(text: str) -> Meaning:
-    if any(t in text for t in _MISSING_BUCKET):
-        return Meaning.MISSING_BUCKET
-    if any(t in text for t in _DENIED):
-        return Meaning.DENIED
-    if any(t in text for t in _TRANSIENT):
-        return Meaning.TRANSIENT
-    return Meaning.OTHER
+    return classify(text, _MISSING_BUCKET, _DENIED, _TRANSIENT)
 
 
 def detail(line: str) -> str:
