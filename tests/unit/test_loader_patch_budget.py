@@ -1,5 +1,6 @@
-"""An image source's read-ahead is bounded by the bytes of decoded patches it holds, not only
-by tokens: a placeholder token stands for merge² patches (2.3 KB with Qwen2-VL's geometry)."""
+"""An image source's read-ahead is bounded by the bytes of images it holds (each image's bytes
+as stored until its sample is routed, or its patches where those are fewer), not only by
+tokens: a placeholder token stands for merge² patches (2.3 KB with Qwen2-VL's geometry)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_a_shard_stops_reading_at_its_patch_budget_and_reads_again_when_routed(
     # tokens alone would let it read far more: 2 global batches, a quarter each = 4096 (a row)
     while shard.hungry:
         assert shard.read_next() is not None
-    held = [p.patches.nbytes for p in shard.pixels.values()]
+    held = [p.nbytes for p in shard.pixels.values()]
     assert shard.held_bytes == sum(held) >= 2**20
     largest = max(held)
     assert shard.held_bytes < 2**20 + largest * 8  # the last chunk's images, at most
@@ -77,7 +78,7 @@ def test_a_shard_stops_reading_at_its_patch_budget_and_reads_again_when_routed(
         if not shard.hungry:
             shard.forget(gpos)
     assert shard.hungry and 2 * shard.held_bytes < 2**20
-    assert shard.held_bytes == sum(p.patches.nbytes for p in shard.pixels.values())
+    assert shard.held_bytes == sum(p.nbytes for p in shard.pixels.values())
 
 
 def test_a_budget_under_a_mebibyte_is_refused_with_the_key(root: Path) -> None:

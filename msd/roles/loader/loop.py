@@ -256,12 +256,16 @@ class Loader:
             grids=tuple(n for p in images for grid in p.grids for n in grid),
             patch_values=self.patch_values,
         )
-        if any(any(p.videos) for p in images):
-            videos = [p for p in images if isinstance(p, SampleImages)]
+        decoded = [p for p in images if isinstance(p, SampleImages)]
+        if any(any(p.videos) for p in decoded):  # every item flagged, images held as bytes too
             payload = msgspec.structs.replace(
                 payload,
-                videos=tuple(int(p.is_video(k)) for p in videos for k in range(len(p.grids))),
-                video_rows=next(p.video_rows for p in videos if any(p.videos)),
+                videos=tuple(
+                    int(isinstance(p, SampleImages) and p.is_video(k))
+                    for p in images
+                    for k in range(len(p.grids))
+                ),
+                video_rows=next(p.video_rows for p in decoded if any(p.videos)),
             )
         return payload, [buffer, self._patches(held)]
 
