@@ -25,12 +25,11 @@ from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.footprint import cache_image_blocks
 from msd.roles.loader.outage import Outage
+from msd.roles.loader.payload import image_fields, patches_of
 from msd.roles.loader.pick import NextRead
 from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
 from msd.roles.outlets import Outlets
-from msd.sample import SampleImages
 from msd.sources import cache
-from msd.sources.fuse import Held
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader, Unavailable
 from msd.wire import transport
@@ -246,42 +245,17 @@ class Loader:
                 trained=tuple(len(s) for s in spans),
                 spans=tuple(np.concatenate(spans).reshape(-1).tolist()),
             )
-        held = [(key, p) for key, p in zip(keys, pixels, strict=True) if p is not None]
-        if not held:
+        fields = image_fields(pixels, self.patch_values)
+        if not fields:
             return payload, [buffer]
-        images = [p for _, p in held]
-        payload = msgspec.structs.replace(
-            payload,
-            images=tuple(0 if p is None else len(p.grids) for p in pixels),
-            grids=tuple(n for p in images for grid in p.grids for n in grid),
-            patch_values=self.patch_values,
-        )
-        decoded = [p for p in images if isinstance(p, SampleImages)]
-        if any(any(p.videos) for p in decoded):  # every item flagged, images held as bytes too
-            payload = msgspec.structs.replace(
-                payload,
-                videos=tuple(
-                    int(isinstance(p, SampleImages) and p.is_video(k))
-                    for p in images
-                    for k in range(len(p.grids))
-                ),
-                video_rows=next(p.video_rows for p in decoded if any(p.videos)),
-            )
-        return payload, [buffer, self._patches(held)]
+        held = [(key, p) for key, p in zip(keys, pixels, strict=True) if p is not None]
 
-    def _patches(self, held: list[tuple[tuple[int, int], Held]]) -> np.ndarray:
-        """The held samples' patches back to back, each sample's images decoded straight into
-        its rows if they are held as bytes. One decoded sample's go as they are (a video's can
-        be tens of MB): no copy to join."""
-        if len(held) == 1 and isinstance(held[0][1], SampleImages):
-            return np.ascontiguousarray(held[0][1].patches)
-        rows = [sum(p.rows) if isinstance(p, SampleImages) else sum(p.counts) for _, p in held]
-        out = np.empty((sum(rows), self.patch_values), dtype=np.uint8)
-        at = 0
-        for ((source, gpos), _), n in zip(held, rows, strict=True):
-            self.shards[source].write_images(gpos, out[at : at + n])
-            at += n
-        return out
+        def write(i: int, rows: np.ndarray) -> None:
+            source, gpos = held[i][0]
+            self.shards[source].write_images(gpos, rows)
+
+        patches = patches_of([p for _, p in held], self.patch_values, write)
+        return msgspec.structs.replace(payload, **fields), [buffer, patches]
 
 
 def stand_by(
