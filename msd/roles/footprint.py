@@ -8,8 +8,13 @@ from its heaps, which give back only whole free pages at their top. The threshol
 payload of decoded patches (a few MB), every later buffer below that size is carved from the
 heaps, and the holes between live ones stay resident. Fixing the threshold keeps payload-sized
 buffers in mappings of their own. Measured on an image job (``python -m benchmarks.dataloader
---vlm``, S = 64): the data plane's peak memory 606 -> 441 MiB, its CPU per image about 7 %
-higher (a mapping's pages are faulted in each time).
+--vlm``, S = 64): the data plane's peak memory 606 -> 441 MiB, its CPU per image higher (a
+mapping's pages are zeroed and faulted in each time: docs/multimodal.md, *Decode throughput*,
+measures 21 % of a loader's CPU on images of up to 2,048 px). Where the environment sets glibc's
+own threshold (``MALLOC_MMAP_THRESHOLD_``, or ``glibc.malloc.mmap_threshold`` in
+``GLIBC_TUNABLES``) that choice stands and the threshold is left as glibc has it: e.g.
+``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864`` trades a larger, less flat
+footprint for that CPU.
 
 ``arrow_on_malloc`` (a Source Loader): Arrow's C++ side allocates from its own default pool
 (mimalloc), not from the pool ``pyarrow.set_memory_pool`` names: the Parquet reader decodes each
@@ -40,21 +45,35 @@ import importlib.machinery
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 
 log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+THRESHOLD_VARIABLE = "MALLOC_MMAP_THRESHOLD_"  # glibc reads these when the process starts
+TUNABLES_VARIABLE, THRESHOLD_TUNABLE = "GLIBC_TUNABLES", "glibc.malloc.mmap_threshold"
 MMAP_THRESHOLD = 1 << 20
 ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"  # read once, when pyarrow loads
 IMAGE_BLOCKS = 3  # a frame's three images: as decoded, resized halfway, resized
 
 
+def threshold_from_environment(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment sets glibc's mmap threshold itself."""
+    tunables = environ.get(TUNABLES_VARIABLE, "").split(":")
+    return THRESHOLD_VARIABLE in environ or any(
+        t.partition("=")[0] == THRESHOLD_TUNABLE for t in tunables
+    )
+
+
 def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     """Serve blocks of at least ``threshold`` bytes from mappings of their own, whatever the
-    process frees later; True if the allocator took it (glibc on Linux)."""
+    process frees later; True if the allocator took it (glibc on Linux). Not where the
+    environment sets glibc's threshold: that stands."""
     if not sys.platform.startswith("linux"):
+        return False
+    if threshold_from_environment():
+        log.debug("the environment sets glibc's mmap threshold: it stays as set")
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -4,10 +4,13 @@ blocks. Each check runs in a fresh interpreter."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+from msd.roles.footprint import threshold_from_environment
 
 
 def run(code: str, *args: str) -> str:
@@ -70,6 +73,33 @@ def test_a_fixed_threshold_keeps_a_2_mib_buffer_in_its_own_mapping_after_a_large
 
     assert mapped("fixed") == 1
     assert mapped("default") == 0  # the risen threshold puts it in the heap
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"MALLOC_MMAP_THRESHOLD_": "33554432"},
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1:glibc.malloc.mmap_threshold=33554432"},
+    ],
+)
+def test_a_threshold_the_environment_sets_stands(variables: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MAPPED_AFTER_A_FREE, "fixed"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, **variables},
+    )
+    assert int(done.stdout.split()[-1]) == 0  # 2 MiB under its 32 MiB: from the heap
+
+
+def test_only_the_mmap_threshold_counts_as_set_by_the_environment() -> None:
+    assert threshold_from_environment({"MALLOC_MMAP_THRESHOLD_": "0"})
+    assert threshold_from_environment({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096"})
+    assert not threshold_from_environment({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"})
+    assert not threshold_from_environment({"MALLOC_TRIM_THRESHOLD_": "1", "PATH": "/bin"})
 
 
 def test_a_loader_puts_arrow_on_the_c_allocator_unless_told_otherwise() -> None:
