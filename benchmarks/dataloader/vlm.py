@@ -583,6 +583,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--images", type=int, default=VlmDataSpec.images, help="per source")
     parser.add_argument("--rg-images", type=int, default=VlmDataSpec.rg_images)
+    parser.add_argument(
+        "--real-images",
+        type=Path,
+        help="draw the images from the files under this folder (vlm_data.py) instead of rendering",
+    )
     parser.add_argument("--max-pixels", type=int, default=MAX_PIXELS)
     parser.add_argument("--buffer-tokens", type=int, help="msd's loader.buffer_tokens")
     parser.add_argument("--buffer-bytes", type=int, help="msd's loader.buffer_bytes")
@@ -634,7 +639,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.quick and path.exists():
         results["points"] = json.loads(path.read_text()).get("points", [])
     for point in args.points or (quick_points() if args.quick else vlm_points()):
-        spec = VlmDataSpec(point.sources, args.images, args.rg_images, seed=settings.seed)
+        spec = VlmDataSpec(
+            point.sources,
+            args.images,
+            args.rg_images,
+            seed=settings.seed,
+            real_images=str(args.real_images or ""),
+        )
         entry = run_point(point, settings, spec, vision, tuple(args.systems), args.data_root)
         if args.tag:
             entry["key"] += f"-{args.tag}"

@@ -8,6 +8,15 @@ sizes and aspect ratios scaled down (long side median ``median_side``, at most `
 that decoding stays cheap on a small machine; a source holds about ``images`` images in one file
 (a few MB), in row groups of about ``rg_images`` images.
 
+With ``real_images`` (a folder), the images are files found under it instead (JPEG, PNG or WebP
+that ``msd.sources.vision.probe`` accepts, both sides at least ``MIN_SIDE``), their bytes as they
+are: each source draws its images from that pool with its own seed (a file may appear in several
+sources), captioned by the file's name. Photographs from Debian's packages serve, e.g.::
+
+    apt-get download opencv-doc mate-backgrounds
+    for f in *.deb; do dpkg -x "$f" real-images; done
+    python -m benchmarks.dataloader --vlm --real-images real-images --point 64,8,2
+
 Beside the files, the manifest records each sample's text bytes (markers excluded: with the
 ``bytes`` transform, its text tokens) and its images' (height, width): what calibrating the
 simulated cost needs without decoding anything. The folder
@@ -16,8 +25,10 @@ simulated cost needs without decoding anything. The folder
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +37,7 @@ import pyarrow as pa
 
 from benchmarks.dataloader.data import DATA_ROOT
 from msd.sources.index import source_key
+from msd.sources.vision import EncodedImage, probe
 from msd.synth import write_parquet
 from msd.synth_vlm import (
     IMAGE_MARKER,
@@ -54,13 +66,55 @@ class VlmDataSpec:
     median_side: int = 192
     max_side: int = 512
     seed: int = 0
+    real_images: str = ""  # a folder of image files to draw from, instead of rendering
 
     @property
     def folder_name(self) -> str:
+        if self.real_images:
+            where = hashlib.sha256(str(Path(self.real_images).resolve()).encode()).hexdigest()
+            return (
+                f"vlm-S{self.num_sources}-i{self.images}-rg{self.rg_images}"
+                f"-real{where[:12]}-seed{self.seed}"
+            )
         return (
             f"vlm-S{self.num_sources}-i{self.images}-rg{self.rg_images}"
             f"-side{self.median_side}-{self.max_side}-seed{self.seed}"
         )
+
+
+@dataclass(frozen=True)
+class RealImage:
+    """An image file of the pool: its bytes, format suffix, caption and upright (height, width)."""
+
+    data: bytes
+    suffix: str
+    caption: str
+    hw: tuple[int, int]
+
+
+REAL_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+
+
+def real_pool(folder: Path) -> list[RealImage]:
+    """Every image file under ``folder`` that msd would decode, both sides ≥ MIN_SIDE, in path
+    order (files that differ only by path count once)."""
+    pool, seen = [], set()
+    for path in sorted(p for p in folder.rglob("*") if p.suffix.lower() in REAL_SUFFIXES):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).digest()
+        image = probe(data)
+        if digest in seen or not isinstance(image, EncodedImage):
+            continue
+        if min(image.original_hw) < MIN_SIDE:
+            continue
+        seen.add(digest)
+        caption = "a picture of " + path.stem.replace("_", " ").replace("-", " ")
+        pool.append(RealImage(data, path.suffix.lower().lstrip("."), caption, image.original_hw))
+    if not pool:
+        raise SystemExit(f"no image msd decodes under {folder}")
+    return pool
 
 
 @dataclass(frozen=True)
@@ -114,7 +168,28 @@ def scaled_specs(rng: np.random.Generator, n: int, spec: VlmDataSpec) -> list[Im
     return out
 
 
-def write_source(index: int, spec: VlmDataSpec, folder: Path) -> VlmSource:
+def rendered_images(
+    rng: np.random.Generator, n: int, spec: VlmDataSpec, index: int
+) -> list[RealImage]:
+    """``n`` synthetic images (``msd.synth_vlm.render``) in the scaled demo sizes."""
+    out = []
+    for k, image in enumerate(scaled_specs(rng, n, spec)):
+        data, caption = render(image, np.random.default_rng([spec.seed, index, 1, k]))
+        out.append(RealImage(data, image.fmt, caption, (image.height, image.width)))
+    return out
+
+
+def drawn_images(rng: np.random.Generator, n: int, pool: Sequence[RealImage]) -> list[RealImage]:
+    """``n`` images drawn from ``pool``: a shuffled pass over it, again as often as needed."""
+    out: list[RealImage] = []
+    while len(out) < n:
+        out.extend(pool[int(i)] for i in rng.permutation(len(pool)))
+    return out[:n]
+
+
+def write_source(
+    index: int, spec: VlmDataSpec, folder: Path, pool: Sequence[RealImage] = ()
+) -> VlmSource:
     """Source ``index``: captions or documents holding about ``spec.images`` images."""
     kind, name = kind_of(index), f"v{index:04d}"
     rng = np.random.default_rng([spec.seed, source_key(name), 0])
@@ -124,19 +199,19 @@ def write_source(index: int, spec: VlmDataSpec, folder: Path) -> VlmSource:
         counts = []
         while sum(counts) < spec.images:
             counts.append(int(rng.integers(1, MAX_IMAGES_PER_DOCUMENT + 1)))
-    specs = scaled_specs(rng, sum(counts), spec)
+    n = sum(counts)
+    images = drawn_images(rng, n, pool) if pool else rendered_images(rng, n, spec, index)
     cells: list[object] = []
     texts: list[str] = []
     tokens: list[int] = []
     sizes: list[tuple[tuple[int, int], ...]] = []
     at = 0
     for count in counts:
-        rendered = []
-        for k in range(count):
-            image = specs[at + k]
-            data, caption = render(image, np.random.default_rng([spec.seed, index, 1, at + k]))
-            rendered.append(({"bytes": data, "path": f"{at + k:06d}.{image.fmt}"}, caption))
-        own = specs[at : at + count]
+        own = images[at : at + count]
+        rendered = [
+            ({"bytes": image.data, "path": f"{at + k:06d}.{image.suffix}"}, image.caption)
+            for k, image in enumerate(own)
+        ]
         at += count
         if kind == CAPTIONS:
             cells.append(rendered[0][0])
@@ -146,7 +221,7 @@ def write_source(index: int, spec: VlmDataSpec, folder: Path) -> VlmSource:
             texts.append(interleave(rng, [caption for _, caption in rendered]))
         marker_bytes = texts[-1].count(IMAGE_MARKER) * len(IMAGE_MARKER.encode())
         tokens.append(len(texts[-1].encode()) - (marker_bytes if kind == INTERLEAVED else 0))
-        sizes.append(tuple((s.height, s.width) for s in own))
+        sizes.append(tuple(image.hw for image in own))
     image_type = IMAGE_TYPE if kind == CAPTIONS else pa.list_(IMAGE_TYPE)
     column = COLUMN[kind]
     table = pa.table(
@@ -173,7 +248,8 @@ def ensure_vlm_data(spec: VlmDataSpec, root: Path = DATA_ROOT) -> VlmDataset:
             return VlmDataset(spec, folder, tuple(_source_of(s) for s in saved["sources"]))
     if folder.exists():
         shutil.rmtree(folder)
-    sources = tuple(write_source(i, spec, folder) for i in range(spec.num_sources))
+    pool = real_pool(Path(spec.real_images)) if spec.real_images else []
+    sources = tuple(write_source(i, spec, folder, pool) for i in range(spec.num_sources))
     dataset = VlmDataset(spec, folder, sources)
     record = {
         "spec": asdict(spec),

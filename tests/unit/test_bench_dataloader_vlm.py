@@ -79,6 +79,31 @@ def test_the_data_is_reused_and_its_manifest_matches_the_files(
     assert source_images(other)[(0, 0)] != images[(0, 0)]
 
 
+def test_real_images_are_drawn_from_the_folder_as_they_are(tmp_path: Path) -> None:
+    from PIL import Image
+
+    folder = tmp_path / "photos"
+    (folder / "nested").mkdir(parents=True)
+    sizes = {"a.jpg": (40, 60), "nested/b.png": (50, 33), "c.webp": (64, 64)}
+    files = {}
+    for name, (w, h) in sizes.items():
+        path = folder / name
+        Image.new("RGB", (w, h), (len(name) * 20, 90, 30)).save(path)
+        files[path.read_bytes()] = (h, w)
+    Image.new("RGB", (8, 80)).save(folder / "too-thin.jpg")  # a side under MIN_SIDE: left out
+    (folder / "notes.jpg").write_bytes(b"not an image")  # msd would not decode it: left out
+    spec = VlmDataSpec(2, images=12, rg_images=4, real_images=str(folder))
+    real = ensure_vlm_data(spec, tmp_path / "data")
+    assert "real" in real.folder.name and real.folder.name != SPEC.folder_name
+    drawn = source_images(real)
+    for s, source in enumerate(real.sources):
+        seen = [b for row in range(source.samples) for b in drawn[(s, row)]]
+        assert len(seen) >= 12 and set(seen) == set(files)  # a pass over the pool, then again
+        for row, hws in enumerate(source.image_sizes):
+            assert list(hws) == [files[b] for b in drawn[(s, row)]]
+    assert len({drawn[(0, row)][0] for row in range(3)}) == 3  # captions: a shuffled pass first
+
+
 def test_workers_read_disjoint_samples(dataset: VlmDataset) -> None:
     """Over one epoch's worth of draws, no (source, sample) comes from two of the 4 workers
     (2 ranks × 2), and the ids are those of the files' rows (epoch 0)."""
