@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheel as a user gets it: build it, install it (not editable) into a fresh virtualenv, then
-# from an empty folder run `msd --version`, `msd synth`, `msd validate` and a short `msd launch`
-# of the quickstart recipe. Any failure fails the script. About a minute, most of it installing
+# with constraints.txt (torch's CPU build), check that no test-only package came with it, then from
+# an empty folder run `msd --version`, `msd synth`, `msd validate` and a short `msd launch` of the
+# quickstart recipe. Any failure fails the script. About a minute, most of it installing
 # the dependencies.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,8 +20,25 @@ if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 fi
 python -m pip wheel --quiet --no-deps -w "$work/dist" "$src"
 python3 -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install --quiet "$work"/dist/msd-*.whl
+"$work/venv/bin/python" -m pip install --quiet -c "$repo/constraints.txt" "$work"/dist/msd-*.whl
 msd="$work/venv/bin/msd"
+
+# msd's own dependencies only: none of the packages the dev extra adds for the tests (read from
+# pyproject.toml, less those msd itself depends on) is installed beside it.
+"$work/venv/bin/python" - "$repo/pyproject.toml" <<'PY'
+import re, sys, tomllib
+from importlib import metadata
+
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+def names(requirements):
+    return {re.split(r"[\s<>=!~\[;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+test_only = names(project["optional-dependencies"]["dev"]) - names(project["dependencies"])
+installed = {d.metadata["Name"].lower().replace("_", "-") for d in metadata.distributions()}
+found = sorted(test_only & installed)
+assert not found, f"pip install msd brought test-only packages: {found}"
+assert "pytest" in test_only and "transformers" in test_only, sorted(test_only)
+print(f"none of the {len(test_only)} test-only packages is installed")
+PY
 
 mkdir "$work/run"
 cd "$work/run"
