@@ -32,11 +32,12 @@ def ls(
 ) -> None:
     """List the jobs of a run folder, newest first: state (running, done, failed, stopped, or
     lost: its launcher is gone), age and the last step every rank consumed."""
-    runs = list_runs(run_dir, now=time.time())
+    # no run folder yet (nothing launched here) lists no jobs; a file in its place is a typo
+    runs = list_runs(run_dir, now=time.time()) if run_dir.exists() else []
     if json_out:
         print(json.dumps([r.as_json() for r in runs], indent=2))
     elif not runs:
-        console.print(f"no jobs in {run_dir}", highlight=False)
+        console.print(f"no jobs in {run_dir}", highlight=False, soft_wrap=True)
     else:
         console.print(_table(runs))
 

@@ -189,7 +189,19 @@ def test_cli_ls_json_and_table(runs):
     assert lines[1].split()[-1] == "3"
 
 
-def test_cli_ls_on_a_missing_folder_exits_1_with_one_line(tmp_path):
-    result = CliRunner().invoke(ls_app(), ["--runs", str(tmp_path / "nope")])
+def test_cli_ls_on_a_missing_folder_lists_no_jobs(tmp_path):
+    missing = str(tmp_path / "nope")
+    as_json = CliRunner().invoke(ls_app(), ["--runs", missing, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.output) == []
+    table = CliRunner().invoke(ls_app(), ["--runs", missing])
+    assert table.exit_code == 0, table.output
+    assert table.output.strip() == f"no jobs in {missing}"
+
+
+def test_cli_ls_on_a_file_for_a_folder_exits_1_with_one_line(tmp_path):
+    (tmp_path / "runs").write_text("not a folder")
+    result = CliRunner().invoke(ls_app(), ["--runs", str(tmp_path / "runs"), "--json"])
     assert result.exit_code == 1
     assert "error:" in result.output and "Traceback" not in result.output
+    assert "--runs" in result.output
