@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,9 @@ def mix(
         int | None,
         typer.Option(help="The first step with the new weights (default: the next unplanned)."),
     ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print {at_step, weights, history} as JSON.")
+    ] = False,
 ) -> None:
     """Change the mix of a running job from a future step on (recorded in its mix history)."""
     folder = JobDir(job)
@@ -48,5 +52,9 @@ def mix(
     reply: MixSet = request(
         folder, SetMix(weights=weights, at_step=-1 if at_step is None else at_step), MixSet
     )
+    if json_out:
+        history = str(folder.mix_history)
+        print(json.dumps({"at_step": reply.at_step, "weights": reply.weights, "history": history}))
+        return
     shown = ", ".join(f"{k}={v:g}" for k, v in reply.weights.items())
     console.print(f"from step {reply.at_step}: {shown} (recorded in {folder.mix_history})")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -26,6 +27,14 @@ def rescale(
         bool, typer.Option(help="Wait until the new loaders read (--no-wait: return at once).")
     ] = True,
     timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 120.0,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print {source, loaders, generation, start} as JSON once done "
+            "(start: the visit it reads from; null with --no-wait).",
+        ),
+    ] = False,
 ) -> None:
     """Start or retire loaders of one source while the job runs; the stream does not change."""
     folder = JobDir(job)
@@ -34,19 +43,29 @@ def rescale(
     if loaders < 1:
         raise LaunchError(f"--loaders must be at least 1, got {loaders}")
     reply: Rescaling = request(folder, Rescale(source=source, loaders=loaders), Rescaling)
-    console.print(
-        f"{source}: generation {reply.generation} of {reply.loaders} loader(s) is starting"
-    )
-    if not wait:
-        return
+    if not json_out:
+        console.print(
+            f"{source}: generation {reply.generation} of {reply.loaders} loader(s) is starting"
+        )
+    start = _wait_for_start(folder, job, reply, timeout_s) if wait else None
+    if json_out:
+        done = {"source": source, "loaders": reply.loaders, "generation": reply.generation}
+        print(json.dumps({**done, "start": start}))
+    elif start is not None:
+        console.print(f"{source}: generation {reply.generation} reads from visit {start}")
+
+
+def _wait_for_start(folder: JobDir, job: Path, reply: Rescaling, timeout_s: float) -> int:
+    """The visit the new generation reads from, once it reads; a LaunchError if the job ends
+    first or ``timeout_s`` passes."""
+    source = reply.source
     recipe = folder.recipe()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         live = is_live(folder.root)  # asked first: a generation may start as the job ends
         start = _start(folder, recipe, source, reply.generation)
         if start is not None:
-            console.print(f"{source}: generation {reply.generation} reads from visit {start}")
-            return
+            return start
         if not live:
             raise LaunchError(
                 f"the job in {job} ended before generation {reply.generation} of {source} read; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from msd.recipe.advice import process_limit
 from tests.conftest import base_recipe, run_msd
 from tests.videos import encode, write_tar
 
@@ -96,6 +98,45 @@ def test_validate_accepts_a_good_recipe(small_data, tmp_path):
     result = msd("validate", "recipe.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "web" in result.stdout and "books" in result.stdout
+
+
+def test_validate_json_gives_the_sources_and_each_warning(small_data, tmp_path):
+    recipe = base_recipe(small_data, steps=5)
+    # one loader process past the count that draws a warning on this machine (4 are code's
+    # and books')
+    recipe["sources"][0]["loaders"] = process_limit(os.cpu_count() or 1, "local") - 3
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = msd("validate", "recipe.yaml", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["valid"] is True and found["errors"] == []
+    assert [s["name"] for s in found["sources"]] == ["web", "code", "books"]
+    assert found["sources"][1] == {
+        "name": "code",
+        "files": 2,
+        "row_groups": 10,
+        "rows": 300,
+        "column": "text",
+        "weight": 0.3,
+        "loaders": 2,
+    }
+    (warning,) = found["warnings"]
+    assert "loader processes" in warning
+    assert warning in result.stderr  # still on stderr, as without --json
+
+
+def test_validate_json_on_a_bad_recipe_says_why_and_exits_1(small_data, tmp_path):
+    recipe = base_recipe(small_data, steps=5)
+    _unknown_key(recipe)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    result = msd("validate", "recipe.yaml", "--json", cwd=tmp_path)
+    assert result.returncode == 1
+    found = json.loads(result.stdout)
+    assert found["valid"] is False and found["warnings"] == []
+    (error,) = found["errors"]
+    assert "sources[1].wieght" in error
+    assert result.stderr.count("error:") == 1 and "sources[1].wieght" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 # -- video sources: the header of each file's first video --------------------------------------

@@ -229,6 +229,18 @@ class TestAWatchedJob:
         assert not history_exists  # nor did the mix change
         assert after.sources[0].weight == pytest.approx(0.5)
 
+    def test_a_refused_rescale_with_json_prints_nothing_and_says_why(
+        self, watched: Watched
+    ) -> None:
+        job = str(watched.job.root)
+        result = msd(
+            "rescale", job, "--source", "nosuch", "--loaders", "2", "--json", cwd=watched.cwd
+        )
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.count("error:") == 1
+        assert "no source named 'nosuch'" in result.stderr and "Traceback" not in result.stderr
+        assert not watched.job.rescales.exists()  # no generation was recorded
+
     def test_metrics_endpoint_serves_prometheus_text(self, watched: Watched) -> None:
         import urllib.request
 
@@ -297,12 +309,32 @@ def test_mix_at_step_changes_shares_from_that_step_and_replays(
         )
         assert result.returncode == 0, result.stderr
         assert f"from step {at}" in result.stdout
-        late = msd("mix", str(job.root), "--set", "web=1", "--at-step", "0", cwd=first)
+        # a change long after the steps compared below, asked for as a script would
+        later = msd(
+            "mix",
+            str(job.root),
+            "--set",
+            "code=0.7",
+            "--at-step",
+            str(at + 1000),
+            "--json",
+            cwd=first,
+        )
+        late = msd("mix", str(job.root), "--set", "web=1", "--at-step", "0", "--json", cwd=first)
         _wait_steps(job, proc, at + 12)
         view = request(job, StatusRequest(), Status).view
-    assert late.returncode == 1 and "already planned" in late.stderr
+    assert later.returncode == 0, later.stderr
+    assert json.loads(later.stdout) == {
+        "at_step": at + 1000,
+        "weights": {"code": 0.7},
+        "history": str(job.mix_history),
+    }
+    assert late.returncode == 1 and "already planned" in late.stderr and late.stdout == ""
     history = json.loads(job.mix_history.read_text())
-    assert history["changes"] == [{"step": at, "weights": {"books": 2.0, "web": 0.0}}]
+    assert history["changes"] == [
+        {"step": at, "weights": {"books": 2.0, "web": 0.0}},
+        {"step": at + 1000, "weights": {"code": 0.7}},
+    ]
     assert view.sources[0].weight == 0.0 and view.sources[2].weight == pytest.approx(2 / 2.3)
     rows = read_rank_logs(job.root)
     # Steps draw by their own weights; a step may still place what earlier steps drew and
@@ -402,7 +434,9 @@ def test_rescale_up_and_down_leaves_the_stream_unchanged(
     with running_job(tmp_path, recipe) as (job, proc):
         up = msd("rescale", str(job.root), "--source", "web", "--loaders", "3", cwd=tmp_path)
         down = msd("rescale", str(job.root), "--source", "web", "--loaders", "1", cwd=tmp_path)
-        code = msd("rescale", str(job.root), "--source", "code", "--loaders", "1", cwd=tmp_path)
+        code = msd(
+            "rescale", str(job.root), "--source", "code", "--loaders", "1", "--json", cwd=tmp_path
+        )
         mid_run = request(job, StatusRequest(), Status).view
         # The reference runs while this run takes its last paced steps: started only now, so
         # that it takes no CPU from the rescales (they must land before the run ends).
@@ -421,6 +455,12 @@ def test_rescale_up_and_down_leaves_the_stream_unchanged(
         ("code", 1, 1),
     ]
     assert all(g["start"] is not None for g in generations)
+    assert json.loads(code.stdout) == {
+        "source": "code",
+        "loaders": 1,
+        "generation": 1,
+        "start": generations[2]["start"],
+    }
     retired = {p.name for p in (job.root / "retired").iterdir()}
     assert {"web-0", "web-1", "code-0", "code-1"} <= retired
     assert left == []
