@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from pathlib import Path
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -13,6 +14,19 @@ from msd.errors import MsdError
 
 console = Console()
 err_console = Console(stderr=True)
+
+# The run folder, one option for every command that takes one: `--runs` and `--run-dir` are
+# the same option (`msd launch` and `msd restore` said --run-dir, `msd ls` and `msd status`
+# --runs).
+RunsOption = Annotated[
+    Path,
+    typer.Option(
+        "--runs",
+        "--run-dir",
+        help="The run folder: where msd launch and msd restore create job folders, and where "
+        "msd ls and msd status find them.",
+    ),
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -27,7 +27,7 @@ from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
 from msd.wire.protocol import Status
 
-from .common import console, err_console, user_errors
+from .common import RunsOption, console, err_console, user_errors
 from .validate import warn_if_many_loaders, warn_long_samples
 
 SOURCES_SHOWN = 12  # rows of the progress view; the largest weights first beyond that
@@ -95,7 +95,7 @@ def _final_table(status: Status) -> Table:
 def launch(
     recipe: Annotated[Path, typer.Argument(help="The recipe YAML file.")],
     cluster: Annotated[str | None, typer.Option(help="local (default) or slurm.")] = None,
-    run_dir: Annotated[Path, typer.Option(help="Where job folders are created.")] = Path("runs"),
+    run_dir: RunsOption = Path("runs"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the SLURM jobs that would be submitted.")

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from msd.control.runs import LOST, UNREADABLE, RunInfo, human_age, list_runs
 
-from .common import console, user_errors
+from .common import RunsOption, console, user_errors
 
 _STYLES = {
     "running": "green",
@@ -25,9 +25,7 @@ _STYLES = {
 
 @user_errors
 def ls(
-    run_dir: Annotated[
-        Path, typer.Option("--runs", "--run-dir", help="The run folder (msd launch --run-dir).")
-    ] = Path("runs"),
+    run_dir: RunsOption = Path("runs"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the jobs as JSON.")] = False,
 ) -> None:
     """List the jobs of a run folder, newest first: state (running, done, failed, stopped, or

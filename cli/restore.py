@@ -24,7 +24,7 @@ from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.sources.formats.base import as_launched
 from msd.sources.index import open_source
 
-from .common import err_console, user_errors
+from .common import RunsOption, err_console, user_errors
 from .launch import cluster_of, resolve_auto_loaders, run_job
 
 
@@ -51,7 +51,7 @@ def restore(
         typer.Option(help="Allow other tokens per step: the sources' cursors carry over."),
     ] = False,
     cluster: Annotated[str | None, typer.Option(help="local (default) or slurm.")] = None,
-    run_dir: Annotated[Path, typer.Option(help="Where job folders are created.")] = Path("runs"),
+    run_dir: RunsOption = Path("runs"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Continue a job's stream from a checkpoint in a new job: the same batches from its step."""

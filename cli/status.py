@@ -22,7 +22,7 @@ from msd.control.shortlist import (
 from msd.control.status import fetch_view, resolve_job, status_json
 from msd.jobdir import JobDir
 
-from .common import console, user_errors
+from .common import RunsOption, console, user_errors
 
 RANKS_SHOWN = 8  # the ranks with the highest p99 data-wait; --json has them all
 
@@ -157,7 +157,7 @@ def status(
     job: Annotated[
         Path | None, typer.Argument(help="The job folder (default: the newest in --runs).")
     ] = None,
-    runs: Annotated[Path, typer.Option(help="The run folder.")] = Path("runs"),
+    runs: RunsOption = Path("runs"),
     watch: Annotated[bool, typer.Option("--watch", help="Refresh in place until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
     json_out: Annotated[
