@@ -16,6 +16,7 @@ from msd.launch.autopartition import prepared
 from msd.launch.check import SourceSummary, check_sources
 from msd.launch.long_samples import long_sample_warnings
 from msd.recipe.advice import count_processes, too_many_loaders
+from msd.recipe.first_samples import check_first_samples
 from msd.recipe.hints import missing_eos
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
@@ -72,6 +73,9 @@ def validate(
 
 
 def _print_table(recipe: Path, summaries: list[SourceSummary], every_row: bool) -> None:
+    parsed = prepared(load_recipe(recipe))
+    summaries = check_sources(parsed, recipe, probe_videos=True)
+    check_first_samples(parsed, recipe)
     table = Table(title=f"{recipe}: valid")
     for column in ("source", "files", "row groups", "rows", "column", "weight", "loaders"):
         table.add_column(column)

@@ -12,9 +12,7 @@ from msd.plan.autopartition import Allocation, allocate, with_default_loaders
 from msd.plan.autoscale import peak_token_shares
 from msd.plan.schedule import schedule_of
 from msd.recipe.schema import LoaderOptions, Recipe, Source
-from msd.sources.formats.base import as_launched
-from msd.sources.fuse import fuse_spec
-from msd.sources.profile import SourceProfile, profile_source
+from msd.sources.profile import SourceProfile, profile_recipe_source
 
 
 @dataclass(frozen=True)
@@ -48,13 +46,7 @@ def plan_loaders(recipe: Recipe) -> AutoPlan:
     # an image or video source is profiled as its loaders read it: decoding included
     max_s = min(1.0, PROFILE_BUDGET_S / max(1, len(recipe.sources)))
     profiles = tuple(
-        profile_source(
-            as_launched(s, recipe.cluster),
-            f"sources[{i}]",
-            max_s=max_s,
-            fusing=fuse_spec(recipe, s.has_videos, s.clip),
-        )
-        for i, s in enumerate(recipe.sources)
+        profile_recipe_source(recipe, i, max_s=max_s) for i in range(len(recipe.sources))
     )
     schedule = schedule_of(recipe)
     lengths = [p.tokens_per_sample for p in profiles]

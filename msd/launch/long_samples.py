@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from msd.errors import MsdError
 from msd.plan.long_samples import loss, warning
 from msd.recipe.schema import Recipe
-from msd.sources.formats.base import as_launched
-from msd.sources.fuse import fuse_spec
-from msd.sources.profile import SourceProfile, profile_source
+from msd.sources.profile import SourceProfile, profile_recipe_source
 
 PROFILE_BUDGET_S = 3.0  # at most this long profiling for the warnings (launch waits for it)
 
@@ -40,11 +38,7 @@ def long_sample_warnings(
         if profile is None and time.monotonic() < deadline:
             left = deadline - time.monotonic()
             try:
-                fusing = fuse_spec(recipe, source.has_videos, source.clip)
-                launched = as_launched(source, recipe.cluster)
-                profile = profile_source(
-                    launched, f"sources[{i}]", max_s=min(1.0, left), fusing=fusing
-                )
+                profile = profile_recipe_source(recipe, i, max_s=min(1.0, left))
             except MsdError:  # a transform that fails: the loader reports it, with its name
                 continue
         if profile is None:

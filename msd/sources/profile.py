@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from msd.recipe.schema import Source
+from msd.recipe.schema import Recipe, Source
 from msd.sources.chat_rows import tokenize_of
-from msd.sources.fuse import Fuser, FuseSpec
+from msd.sources.formats.base import as_launched
+from msd.sources.fuse import Fuser, FuseSpec, fuse_spec
 from msd.sources.image_rows import ImageRowReader
 from msd.sources.index import RowGroup, open_source
 from msd.sources.read import RowGroupReader
@@ -40,6 +41,17 @@ class SourceProfile:
 
 
 PROFILE_CHUNK = 64  # rows tokenized between looks at the clock
+
+
+def profile_recipe_source(
+    recipe: Recipe, i: int, max_samples: int = 512, max_s: float = 1.0
+) -> SourceProfile:
+    """`profile_source` of the recipe's source ``i`` as its loaders read it: as launched on the
+    recipe's cluster, its samples made as the recipe makes them."""
+    source = recipe.sources[i]
+    fusing = fuse_spec(recipe, source.has_videos, source.clip)
+    launched = as_launched(source, recipe.cluster)
+    return profile_source(launched, f"sources[{i}]", max_samples, max_s, fusing)
 
 
 def profile_source(

@@ -43,6 +43,11 @@ from msd.recipe.schema import Transform
 Ids = npt.NDArray[np.int32]
 Tokenize = Callable[[pa.Array], list[Ids]]
 
+
+class FunctionFailed(SourceError):
+    """A ``function`` transform raised on a cell; what it raised is the ``__cause__``."""
+
+
 _INT32 = np.iinfo(np.int32)
 _EMPTY: Ids = np.empty(0, dtype=np.int32)
 _EMPTY.setflags(write=False)  # shared by every empty row
@@ -282,7 +287,7 @@ def _call(fn: Callable[[Any], Any], spec: str | None, cell: Any) -> Ids:
     try:
         ids = np.asarray(fn(cell))
     except Exception as exc:
-        raise SourceError(
+        raise FunctionFailed(
             f"transform.function {spec!r} failed on a cell ({type(exc).__name__}: {exc}); "
             "fix the function or the data"
         ) from exc

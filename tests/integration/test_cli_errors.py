@@ -137,6 +137,39 @@ def test_validate_json_on_a_bad_recipe_says_why_and_exits_1(small_data, tmp_path
     assert "sources[1].wieght" in error
     assert result.stderr.count("error:") == 1 and "sources[1].wieght" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+CLEAN_MODULE = '''
+def clean(text):
+    """Refuses every cell, as a function written for other data does."""
+    raise ValueError("bad cell")
+
+
+def ids(text):
+    return list(text.encode())
+'''
+
+
+@pytest.mark.parametrize("function", ["clean", "ids"])
+def test_validate_tries_each_transform_function_on_its_source_first_samples(
+    function: str, small_data: Path, tmp_path: Path
+) -> None:
+    """A transform function that raises on the data fails `msd validate` in one sentence naming
+    the source, the function and what it raised (as `msd plan` and the loaders would fail);
+    one that tokenizes the data passes."""
+    (tmp_path / "cells.py").write_text(CLEAN_MODULE)  # `python -m` imports from its folder
+    recipe = base_recipe(small_data, steps=5)
+    recipe["sources"][1]["transform"] = {"kind": "function", "function": f"cells:{function}"}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    result = msd("validate", "recipe.yaml", cwd=tmp_path)
+    if function == "ids":
+        assert result.returncode == 0, result.stderr
+        assert "valid" in result.stdout and "code" in result.stdout
+        return
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "valid" not in result.stdout
+    err = " ".join(result.stderr.split())  # rich may wrap the line
+    line = yaml.safe_dump(recipe, sort_keys=False).splitlines().index("    function: cells:clean")
+    assert err.startswith(f"error: recipe.yaml:{line + 1}: source 'code': transform "), err
+    assert "'cells:clean' raised ValueError on one of its first 8 samples: bad cell;" in err
 
 
 # -- video sources: the header of each file's first video --------------------------------------
