@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,7 @@ from rich.text import Text
 from msd.control.shortlist import SHOWN, shortlist
 from msd.launch.autopartition import AutoPlan, plan_loaders, prepared, resolve
 from msd.launch.check import check_sources
-from msd.plan.partition import loader_processes
+from msd.plan.partition import LoaderProcess, Placement, loader_processes, placements
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
 
@@ -19,11 +20,17 @@ from .common import console, user_errors
 from .validate import warn_long_samples
 
 
-def plan_rows(recipe: Recipe, plan: AutoPlan) -> list[dict[str, object]]:
+def plan_rows(
+    recipe: Recipe, plan: AutoPlan, processes: Sequence[LoaderProcess]
+) -> list[dict[str, object]]:
+    """A row per source: its profile, share of the loader time (of the sources the plan
+    shares out) and where ``processes`` (what `msd launch` starts) read it, and why."""
     chosen = plan.auto or tuple(range(len(recipe.sources)))
+    places = placements(len(recipe.sources), processes)
     rows = []
     for i, source in enumerate(recipe.sources):
         p = plan.profiles[i]
+        share = plan.allocation.need[chosen.index(i)] if i in chosen else None
         row: dict[str, object] = {
             "source": source.name,
             "recipe_loaders": source.loaders,
@@ -31,16 +38,23 @@ def plan_rows(recipe: Recipe, plan: AutoPlan) -> list[dict[str, object]]:
             "tokens_per_sample": round(p.tokens_per_sample, 1),
             "us_per_token": round(1e6 * p.seconds_per_token, 3),
             "profiled_samples": p.samples,
+            "loaders": places[i].own or None,
+            "shared_process": places[i].shared,
         }
-        if i in chosen:
-            k = chosen.index(i)
-            group = next((g for g, m in enumerate(plan.allocation.groups) if k in m), None)
-            row["loaders"] = plan.allocation.loaders[k] or None
-            row["shared_process"] = group
-            row["loader_time_share"] = round(plan.allocation.need[k], 4)
-            row["why"] = plan.allocation.reason[k]
+        if share is not None:
+            row["loader_time_share"] = round(share, 4)
+        row["why"] = _why(share if source.loaders == "auto" else None, places[i])
         rows.append(row)
     return rows
+
+
+def _why(auto_share: float | None, place: Placement) -> str:
+    """Why a source is read where it is: its share of the loader time (``loaders: auto``),
+    else the recipe."""
+    cause = "set in the recipe" if auto_share is None else f"{auto_share:.1%} of the loader time"
+    if place.shared is None:
+        return f"{cause}: {place.own} process(es) of its own"
+    return f"{cause}: shares process {place.shared} with {place.others} other source(s)"
 
 
 @user_errors
@@ -55,13 +69,10 @@ def plan(
     parsed = prepared(load_recipe(recipe))
     check_sources(parsed, recipe)
     result = plan_loaders(parsed)
-    rows = plan_rows(parsed, result)
     # What msd launch starts: the allocation where sources are auto, the recipe's elsewhere.
-    processes = (
-        len(loader_processes(resolve(parsed, result)))
-        if result.auto
-        else len(loader_processes(parsed))
-    )
+    launched = loader_processes(resolve(parsed, result))
+    rows = plan_rows(parsed, result, launched)
+    processes = len(launched)
     warn_long_samples(parsed, result.profiles)
     if json_out:
         print(json.dumps({"cpus": result.cpus, "processes": processes, "sources": rows}, indent=2))
@@ -85,9 +96,9 @@ def plan(
             f"{row['peak_token_share']:.3f}",
             f"{row['tokens_per_sample']:.0f}",
             f"{row['us_per_token']:.2f}",
-            f"{row.get('loader_time_share', 0):.1%}" if "why" in row else "-",
-            str(row.get("loaders") or ("shared" if "why" in row else row["recipe_loaders"])),
-            str(row.get("why", f"fixed in the recipe: {row['recipe_loaders']}")),
+            f"{row['loader_time_share']:.1%}" if "loader_time_share" in row else "-",
+            str(row["loaders"] or "shared"),
+            str(row["why"]),
         )
     console.print(table)
     if rest:

@@ -27,12 +27,11 @@ OWN_PROCESSES_AT_LEAST = 4
 class Allocation:
     """``loaders[s]``: processes of heavy source s (0: it is light, in one of ``groups``);
     ``groups``: the light sources each shared process serves; ``need[s]``: its share of the
-    loader time; ``reason[s]``: one line on why."""
+    loader time."""
 
     loaders: tuple[int, ...]
     groups: tuple[tuple[int, ...], ...]
     need: tuple[float, ...]
-    reason: tuple[str, ...]
 
 
 def allocate(
@@ -45,10 +44,8 @@ def allocate(
     heavy = [s for s, n in enumerate(need) if n >= unit]
     light = sorted((s for s, n in enumerate(need) if n < unit), key=lambda s: (-need[s], s))
     loaders = [0] * len(need)
-    reason = [""] * len(need)
     for s in heavy:
         loaders[s] = max(1, round(need[s] / unit))
-        reason[s] = f"{need[s]:.0%} of the loader time: {loaders[s]} process(es) of its own"
     groups: list[list[int]] = []
     loads: list[float] = []
     for s in light:  # first fit, heaviest first
@@ -60,14 +57,8 @@ def allocate(
         else:
             groups.append([s])
             loads.append(need[s])
-    for g, members in enumerate(groups):
-        for s in members:
-            reason[s] = (
-                f"{need[s]:.1%} of the loader time: shares process {g} "
-                f"with {len(members) - 1} other source(s)"
-            )
     ordered = tuple(tuple(sorted(g)) for g in sorted(groups, key=min))
-    return Allocation(tuple(loaders), ordered, tuple(need), tuple(reason))
+    return Allocation(tuple(loaders), ordered, tuple(need))
 
 
 def with_default_loaders(recipe: Recipe, cpus: int) -> Recipe:

@@ -163,6 +163,31 @@ def loader_processes(
     return tuple(processes)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a source is read: by ``own`` processes that read it alone, or by the one it shares
+    with ``others`` sources, ``shared`` (its index among the job's loader processes)."""
+
+    own: int = 0
+    shared: int | None = None
+    others: int = 0
+
+
+def placements(sources: int, processes: Sequence[LoaderProcess]) -> list[Placement]:
+    """Each of the ``sources`` sources' `Placement` among ``processes`` (shadows aside)."""
+    own = [0] * sources
+    shared: dict[int, tuple[int, int]] = {}
+    for p, process in enumerate(processes):
+        if process.standby is not None:
+            continue
+        if len(process.sources) == 1:
+            own[process.sources[0]] += 1
+            continue
+        for s in process.sources:
+            shared[s] = (p, len(process.sources) - 1)
+    return [Placement(own[s], *shared.get(s, (None, 0))) for s in range(sources)]
+
+
 def _shared(recipe: Recipe, sources: tuple[int, ...]) -> LoaderProcess:
     first = recipe.sources[sources[0]].name
     name = loader_name(first, 0) if len(sources) == 1 else f"{first}+{len(sources) - 1}"

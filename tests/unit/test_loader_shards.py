@@ -9,7 +9,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from msd.plan.partition import Generation, Shard, find_process, generations, loader_processes, span
+from msd.plan.partition import (
+    Generation,
+    Placement,
+    Shard,
+    find_process,
+    generations,
+    loader_processes,
+    placements,
+    span,
+)
 from msd.plan.schedule import constant, peak_shares, schedule_of
 from msd.recipe.schema import Recipe
 from msd.roles.loader.shard import shard_budget
@@ -56,6 +65,13 @@ def test_light_sources_share_processes_in_recipe_order() -> None:
     assert find_process(recipe, "s4+2") == processes[4]
     with pytest.raises(KeyError, match=r"no loader process named 'nope'.*s0\+2"):
         find_process(recipe, "nope")
+
+
+def test_placements_name_each_source_own_processes_or_the_index_of_the_one_it_shares() -> None:
+    recipe = recipe_with([1, 1, 1, 3, 1, 1, 1, 1], per_process=3)
+    places = placements(8, loader_processes(recipe))  # s0+2, s3/0..2, s4+2, s7/0
+    assert places[:4] == [Placement(0, 0, 2)] * 3 + [Placement(3)]
+    assert places[4:] == [Placement(0, 4, 2)] * 3 + [Placement(1)]
 
 
 def test_peak_shares_look_at_every_milestone() -> None:
