@@ -12,7 +12,7 @@ from msd.synth_chat import DEFAULT_CONVERSATIONS, TOKENIZER_DIR, write_chat_sour
 from msd.synth_video import DEFAULT_VIDEOS, write_video_sources
 from msd.synth_vlm import DEFAULT_SAMPLES, write_vlm_sources
 
-from .common import console, user_errors
+from .common import console, err_console, user_errors
 
 
 class Kind(str, Enum):
@@ -76,15 +76,21 @@ def synth(
         console.print(f"wrote their tokenizer and chat template: {directory / TOKENIZER_DIR}")
     elif kind is not Kind.text:
         count = DEFAULT_SAMPLES if samples is None else samples
-        for s in write_vlm_sources(directory, seed=seed, samples=count):
+        for s in write_vlm_sources(directory, seed=seed, samples=count, on_file=_progress):
             console.print(
                 f"wrote {s.name}: {s.samples} samples, {s.images} images, "
                 f"{s.bytes / 1e6:.1f} MB in {len(s.files)} files"
             )
     if kind is Kind.video:
         clips = DEFAULT_VIDEOS if videos is None else videos
-        for v in write_video_sources(directory, seed=seed, videos=clips):
+        for v in write_video_sources(directory, seed=seed, videos=clips, on_file=_progress):
             console.print(
                 f"wrote {v.name}: {v.samples} samples, {v.videos} videos ({v.seconds:.0f} s), "
                 f"{v.bytes / 1e6:.1f} MB in {len(v.files)} files"
             )
+
+
+def _progress(path: Path, done: int, total: int) -> None:
+    """A line on stderr for each file written (image and video sources take a while)."""
+    line = f"wrote {path} ({done}/{total})"
+    err_console.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)

@@ -9,7 +9,7 @@ sampled length, so with the ``bytes`` transform a row has exactly that many toke
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,22 @@ DEFAULT_SOURCES: tuple[SynthSource, ...] = (
     SynthSource("code", median_tokens=1000, sigma=1.0, max_tokens=32768, num_samples=10_000),
     SynthSource("books", median_tokens=4000, sigma=0.8, max_tokens=32768, num_samples=4_000),
 )
+
+
+# Told of each file once it is written: its path, how many are written so far, how many in all.
+OnFile = Callable[[Path, int, int], None]
+Wrote = Callable[[Path], None]
+
+
+def counting(on_file: OnFile | None, total: int) -> Wrote:
+    """A `Wrote` that tells ``on_file`` of each file with its count out of ``total``."""
+    done = itertools.count(1)
+
+    def wrote(path: Path) -> None:
+        if on_file is not None:
+            on_file(path, next(done), total)
+
+    return wrote
 
 
 def sample_lengths(source: SynthSource, seed: int = 0) -> npt.NDArray[np.int64]:

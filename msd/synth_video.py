@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from msd.sources.index import source_key
-from msd.synth import write_parquet
+from msd.synth import OnFile, Wrote, counting, write_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -143,19 +143,24 @@ def _frame(spec: ClipSpec, i: int) -> np.ndarray:
 
 
 def write_video_sources(
-    root: Path, seed: int = 0, videos: int = DEFAULT_VIDEOS, files_per_source: int = 2
+    root: Path,
+    seed: int = 0,
+    videos: int = DEFAULT_VIDEOS,
+    files_per_source: int = 2,
+    on_file: OnFile | None = None,
 ) -> list[VideoSourceSummary]:
-    """Write the two video sources under ``root``, ``videos`` clips each:
-    ``video-captions-wds/shard-NNNNN.tar`` (``<key>.webm``, ``<key>.txt``) and
-    ``video-qa-parquet/part-NNNNN.parquet`` (``video`` as a ``{bytes, path}`` struct, ``text``
-    with a ``<video>`` marker); existing files are overwritten."""
+    """Write the two video sources under ``root``, ``videos`` clips each, telling ``on_file``
+    of each file written: ``video-captions-wds/shard-NNNNN.tar`` (``<key>.webm``,
+    ``<key>.txt``) and ``video-qa-parquet/part-NNNNN.parquet`` (``video`` as a ``{bytes,
+    path}`` struct, ``text`` with a ``<video>`` marker); existing files are overwritten."""
     if videos < 1 or files_per_source < 1:
         raise ValueError("videos and files_per_source must be at least 1")
     root = Path(root)
+    wrote = counting(on_file, 2 * len(_bounds(videos, files_per_source)))
     return [
-        _write_wds(root / WDS_SOURCE, _specs(WDS_SOURCE, seed, videos), files_per_source),
+        _write_wds(root / WDS_SOURCE, _specs(WDS_SOURCE, seed, videos), files_per_source, wrote),
         _write_parquet(
-            root / PARQUET_SOURCE, _specs(PARQUET_SOURCE, seed, videos), files_per_source
+            root / PARQUET_SOURCE, _specs(PARQUET_SOURCE, seed, videos), files_per_source, wrote
         ),
     ]
 
@@ -169,7 +174,9 @@ def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
-def _write_wds(directory: Path, specs: list[ClipSpec], shards: int) -> VideoSourceSummary:
+def _write_wds(
+    directory: Path, specs: list[ClipSpec], shards: int, wrote: Wrote
+) -> VideoSourceSummary:
     directory.mkdir(parents=True, exist_ok=True)
     files = []
     for shard, (start, stop) in enumerate(_bounds(len(specs), shards)):
@@ -181,10 +188,13 @@ def _write_wds(directory: Path, specs: list[ClipSpec], shards: int) -> VideoSour
                 _add(tar, f"{index:06d}.txt", spec.caption.encode())
         files.append(path)
         logger.debug("wrote %s", path)
+        wrote(path)
     return _summary(WDS_SOURCE, files, specs)
 
 
-def _write_parquet(directory: Path, specs: list[ClipSpec], files: int) -> VideoSourceSummary:
+def _write_parquet(
+    directory: Path, specs: list[ClipSpec], files: int, wrote: Wrote
+) -> VideoSourceSummary:
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for part, (start, stop) in enumerate(_bounds(len(specs), files)):
@@ -207,6 +217,7 @@ def _write_parquet(directory: Path, specs: list[ClipSpec], files: int) -> VideoS
         path = directory / f"part-{part:05d}.parquet"
         write_parquet(table, path, 4)
         paths.append(path)
+        wrote(path)
     return _summary(PARQUET_SOURCE, paths, specs)
 
 

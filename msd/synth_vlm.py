@@ -26,7 +26,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from msd.sources.index import source_key
-from msd.synth import write_parquet
+from msd.synth import OnFile, Wrote, counting, write_parquet
 
 if TYPE_CHECKING:  # Pillow is imported where images are made: `msd` starts without it
     from PIL import Image
@@ -80,6 +80,10 @@ _WORDS = (
 )
 
 
+def _nothing(path: Path) -> None:
+    """Where no one is told of the files written."""
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     """What one image will be: its size and its encoding (``jpg``, ``png`` or ``webp``)."""
@@ -106,8 +110,10 @@ def write_vlm_sources(
     samples: int = DEFAULT_SAMPLES,
     files_per_source: int = 4,
     rows_per_row_group: int = 16,
+    on_file: OnFile | None = None,
 ) -> list[VlmSourceSummary]:
-    """Write the three image-text sources under ``root``, ``samples`` samples each.
+    """Write the three image-text sources under ``root``, ``samples`` samples each, telling
+    ``on_file`` of each file written.
 
     ``captions-wds/shard-NNNNN.tar``, ``captions-parquet/part-NNNNN.parquet`` and
     ``interleaved-parquet/part-NNNNN.parquet``; existing files are overwritten.
@@ -115,13 +121,14 @@ def write_vlm_sources(
     if samples < 1 or files_per_source < 1 or rows_per_row_group < 1:
         raise ValueError("samples, files_per_source and rows_per_row_group must be at least 1")
     root = Path(root)
+    wrote = counting(on_file, 3 * len(_bounds(samples, files_per_source)))
     return [
-        write_captions_wds(root / WDS_SOURCE, seed, samples, files_per_source),
+        write_captions_wds(root / WDS_SOURCE, seed, samples, files_per_source, wrote),
         write_captions_parquet(
-            root / PARQUET_SOURCE, seed, samples, files_per_source, rows_per_row_group
+            root / PARQUET_SOURCE, seed, samples, files_per_source, rows_per_row_group, wrote
         ),
         write_interleaved_parquet(
-            root / INTERLEAVED_SOURCE, seed, samples, files_per_source, rows_per_row_group
+            root / INTERLEAVED_SOURCE, seed, samples, files_per_source, rows_per_row_group, wrote
         ),
     ]
 
@@ -195,7 +202,9 @@ def interleave(rng: np.random.Generator, captions: Sequence[str]) -> str:
     return "\n\n".join(blocks)
 
 
-def write_captions_wds(directory: Path, seed: int, samples: int, shards: int) -> VlmSourceSummary:
+def write_captions_wds(
+    directory: Path, seed: int, samples: int, shards: int, wrote: Wrote = _nothing
+) -> VlmSourceSummary:
     """WebDataset shards: ``<key>.<jpg|png|webp>``, ``<key>.txt``, ``<key>.json`` per sample."""
     directory.mkdir(parents=True, exist_ok=True)
     images = _images(WDS_SOURCE, seed, samples)
@@ -212,11 +221,17 @@ def write_captions_wds(directory: Path, seed: int, samples: int, shards: int) ->
                 _add(tar, f"{key}.json", json.dumps(meta).encode())
         files.append(path)
         logger.debug("wrote %s", path)
+        wrote(path)
     return _summary(WDS_SOURCE, files, samples, samples)
 
 
 def write_captions_parquet(
-    directory: Path, seed: int, samples: int, files: int, rows_per_group: int
+    directory: Path,
+    seed: int,
+    samples: int,
+    files: int,
+    rows_per_group: int,
+    wrote: Wrote = _nothing,
 ) -> VlmSourceSummary:
     """Parquet with ``id``, ``image`` (the HF Image struct) and ``text`` (its caption)."""
     images = _images(PARQUET_SOURCE, seed, samples)
@@ -230,11 +245,17 @@ def write_captions_parquet(
             "text": pa.array([caption for _, _, caption in rows], pa.string()),
         }
         paths.append(_write(pa.table(columns, schema=schema), directory, part, rows_per_group))
+        wrote(paths[-1])
     return _summary(PARQUET_SOURCE, paths, samples, samples)
 
 
 def write_interleaved_parquet(
-    directory: Path, seed: int, documents: int, files: int, rows_per_group: int
+    directory: Path,
+    seed: int,
+    documents: int,
+    files: int,
+    rows_per_group: int,
+    wrote: Wrote = _nothing,
 ) -> VlmSourceSummary:
     """Parquet documents: ``id``, ``images`` (1-5 HF Image structs) and marked-up ``text``."""
     rng = _rng(INTERLEAVED_SOURCE, seed, stream=2)
@@ -256,6 +277,7 @@ def write_interleaved_parquet(
             "text": pa.array(texts, pa.string()),
         }
         paths.append(_write(pa.table(columns, schema=schema), directory, part, rows_per_group))
+        wrote(paths[-1])
     return _summary(INTERLEAVED_SOURCE, paths, documents, sum(counts))
 
 

@@ -228,6 +228,23 @@ def test_cli_kind_text_is_the_default_and_vlm_adds_image_sources(tmp_path: Path)
 
 
 @pytest.mark.usefixtures("small_text")
+def test_cli_kind_vlm_tells_of_each_file_on_stderr_as_it_is_written(tmp_path: Path) -> None:
+    """Image sources take a while: a line on stderr for each file written, and the files are
+    those the library writes alone."""
+    args = ["synth", str(tmp_path / "cli"), "--kind", "vlm", "--samples", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    files = [f"{WDS_SOURCE}/shard-00000.tar", f"{PARQUET_SOURCE}/part-00000.parquet"]
+    files.append(f"{INTERLEAVED_SOURCE}/part-00000.parquet")
+    expected = [f"wrote {tmp_path / 'cli' / f} ({n}/3)" for n, f in enumerate(files, 1)]
+    assert result.stderr.splitlines() == expected
+    assert "(1/3)" not in result.stdout and f"wrote {WDS_SOURCE}: 1 samples" in result.stdout
+    write_vlm_sources(tmp_path / "alone", samples=1)
+    written = _hashes(tmp_path / "cli")
+    assert {f: written[f] for f in files} == _hashes(tmp_path / "alone")
+
+
+@pytest.mark.usefixtures("small_text")
 def test_cli_refuses_samples_without_kind_vlm(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["synth", str(tmp_path), "--samples", "4"])
     assert result.exit_code == 2 and "--kind vlm" in result.output
@@ -242,6 +259,8 @@ def test_cli_kind_video_adds_video_sources_beside_the_image_ones(tmp_path: Path)
     written = {k.split("/")[0] for k in _hashes(tmp_path)}
     assert {VIDEO_WDS, VIDEO_PARQUET, WDS_SOURCE} <= written
     assert f"wrote {VIDEO_WDS}: 3 samples, 3 videos" in result.output
+    told = [line.rsplit(" ", 1)[1] for line in result.stderr.splitlines()[-4:]]
+    assert told == [f"({n}/4)" for n in (1, 2, 3, 4)]  # each video file, as it is written
     rows = pq.read_table(tmp_path / VIDEO_PARQUET / "part-00000.parquet").to_pylist()
     assert all(r["text"].startswith("<video>") and r["video"]["bytes"] for r in rows)
     with tarfile.open(tmp_path / VIDEO_WDS / "shard-00000.tar") as tar:
