@@ -5,22 +5,32 @@ that step and reports, with the next request, how long the trainer waited. A bac
 owns the socket: it asks for the next step as soon as a batch is handed out, and receives it and
 turns it into tensors while the trainer computes (``msd.reader``, shared with
 ``msd.NumpyClient``). It is also a ``torch.utils.data.IterableDataset`` (batches are already
-formed), so ``DataLoader(client, batch_size=None)`` works too.
+formed), so ``DataLoader(client, batch_size=None)`` works too, with ``num_workers=0``: the data
+plane does the work in its own processes, and a worker process would read the stream apart from
+the Client whose ``state_dict()`` a checkpoint saves, so iterating in one is refused.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
 
 from msd import device as devices
 from msd.device import normalised
+from msd.errors import LaunchError
 from msd.reader import STATE_VERSION, Reader, node_name
 from msd.wire import compact
 
 __all__ = ["STATE_VERSION", "Client", "node_name", "normalised"]
+
+IN_A_WORKER = (
+    "msd.Client cannot be read in a DataLoader worker process (its step, and so its "
+    "state_dict(), would not advance in the trainer's): use DataLoader(client, batch_size=None, "
+    "num_workers=0), as the data plane already does the work in its own processes"
+)
 
 
 class Client(Reader[torch.Tensor], torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
@@ -47,6 +57,11 @@ class Client(Reader[torch.Tensor], torch.utils.data.IterableDataset[dict[str, to
         """
         self.placement = devices.placement(device, pin_memory)
         super().__init__(job, rank, world_size, local_rank, timeout_s, pixels)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise LaunchError(IN_A_WORKER)
+        return super().__iter__()
 
     def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> devices.Pending:
         if self.placement is not None:
