@@ -57,6 +57,7 @@ def validate(
     try:
         parsed = prepared(load_recipe(recipe))
         summaries = check_sources(parsed, recipe, probe_videos=True)
+        check_first_samples(parsed, recipe)
     except MsdError as exc:
         if json_out:  # the verdict for scripts; the sentence goes to stderr as without --json
             print(json.dumps({"valid": False, "errors": [str(exc)], "warnings": []}, indent=2))
@@ -73,9 +74,6 @@ def validate(
 
 
 def _print_table(recipe: Path, summaries: list[SourceSummary], every_row: bool) -> None:
-    parsed = prepared(load_recipe(recipe))
-    summaries = check_sources(parsed, recipe, probe_videos=True)
-    check_first_samples(parsed, recipe)
     table = Table(title=f"{recipe}: valid")
     for column in ("source", "files", "row groups", "rows", "column", "weight", "loaders"):
         table.add_column(column)

@@ -137,6 +137,8 @@ def test_validate_json_on_a_bad_recipe_says_why_and_exits_1(small_data, tmp_path
     assert "sources[1].wieght" in error
     assert result.stderr.count("error:") == 1 and "sources[1].wieght" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
 CLEAN_MODULE = '''
 def clean(text):
     """Refuses every cell, as a function written for other data does."""
