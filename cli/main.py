@@ -17,6 +17,7 @@ from . import (
     launch,
     ls,
     mix,
+    peek,
     plan,
     report,
     rescale,
@@ -84,6 +85,7 @@ app.command("checkpoint")(checkpoint.checkpoint)
 app.command("restore")(restore.restore)
 app.command("ls")(ls.ls)
 app.command("report")(report.report)
+app.command("peek")(peek.peek)
 app.command("sidecar")(sidecar.sidecar)
 
 
