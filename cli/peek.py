@@ -114,7 +114,8 @@ def _show(rows: list[PeekRow], step: int, rank: int, seq_len: int, chars: int) -
     )
     for row in rows:
         pad = f", {row.padding} padding" if row.padding else ""
-        console.print(f"\n[bold]row {row.index}[/]: {len(row.samples)} samples{pad}")
+        n = len(row.samples)
+        console.print(f"\n[bold]row {row.index}[/]: {n} sample{'' if n == 1 else 's'}{pad}")
         for sample in row.samples:
             console.print(_header(sample), highlight=False)
             console.print(_body(sample, chars), soft_wrap=False)
