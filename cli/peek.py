@@ -49,12 +49,11 @@ def peek(
     json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Show one step's batch of one data-parallel rank: each row, each sample in it (source,
-    id, offset, length, text; tokens not trained dimmed) and a PNG of its images.
-
-    A RECIPE is peeked by running its data plane here, without trainers, for steps 0 … N in
-    a temporary folder, then stopping it (msd cannot build a step's batch without its roles).
-    A running JOB is never asked for batches (that would take them from its trainers): the
-    batches its demo trainer saved (trainer.demo.save_batches) are read instead."""
+    id, offset, length, text; tokens not trained dimmed) and a PNG of its images. A RECIPE's
+    data plane runs here, without trainers, for steps 0 … N in a temporary folder and is then
+    stopped (msd builds a step only with its roles); a running JOB is never asked for batches
+    (that would take them from its trainers): what its demo trainer saved
+    (trainer.demo.save_batches) is read instead."""
     if target.is_dir():
         recipe = JobDir(target).recipe()
         batch = peek_job(target, step, rank)
