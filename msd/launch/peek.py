@@ -72,11 +72,15 @@ def peek_recipe(
 
 def _data_plane_only(recipe: Recipe, steps: int) -> Recipe:
     """The recipe without trainers, for ``steps`` steps, one loader a source where it says
-    ``auto`` (how many loaders read a source never changes its stream)."""
+    ``auto`` (how many loaders read a source never changes its stream), and no metrics
+    endpoint (a fixed port may be the running job's)."""
     sources = tuple(
         msgspec.structs.replace(s, loaders=1) if s.loaders == "auto" else s for s in recipe.sources
     )
-    return msgspec.structs.replace(recipe, trainer=None, steps=steps, sources=sources)
+    metrics = msgspec.structs.replace(recipe.metrics, port=None)
+    return msgspec.structs.replace(
+        recipe, trainer=None, steps=steps, sources=sources, metrics=metrics
+    )
 
 
 def _read_up_to(
