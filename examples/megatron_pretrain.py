@@ -140,7 +140,7 @@ def train(args: argparse.Namespace, client: msd.Client, device: torch.device) ->
                 break
             loss, mean, count = forward_step(model, batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             record = {"step": client.step - 1, "loss": mean, "tokens": count}
             logfile.write(json.dumps(record) + "\n")

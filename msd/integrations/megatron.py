@@ -73,6 +73,8 @@ def megatron_batch(
         out["labels"], out["loss_mask"] = labels_and_loss_mask(
             rows["labels"], rows.get("loss_mask")
         )
+    if rows:
+        _check_offsets(cu_seqlens, *next(iter(rows.values())).shape)
     if packed:
         for key in ("tokens", "labels", "loss_mask", "position_ids"):
             if out[key] is not None:
@@ -98,11 +100,7 @@ def labels_and_loss_mask(
 def document_attention_mask(cu_seqlens: torch.Tensor, rows: int, seq_len: int) -> torch.Tensor:
     """[rows, 1, seq_len, seq_len] bool, True where blocked: a token sees the earlier tokens of
     its own sequence only (``cu_seqlens``: offsets over the flattened rows)."""
-    if int(cu_seqlens[-1]) != rows * seq_len:
-        raise ValueError(
-            f"cu_seqlens ends at {int(cu_seqlens[-1])}, not at the batch's "
-            f"{rows} × {seq_len} tokens"
-        )
+    _check_offsets(cu_seqlens, rows, seq_len)
     flat = torch.arange(rows * seq_len, device=cu_seqlens.device, dtype=torch.int32)
     sequence = torch.searchsorted(cu_seqlens, flat, right=True).reshape(rows, seq_len)
     same = sequence[:, :, None] == sequence[:, None, :]
@@ -142,3 +140,12 @@ def _rows_shape(
     if seq_length is None:
         raise ValueError("this batch has no token tensors: pass seq_length for its attention mask")
     return int(cu_seqlens[-1]) // seq_length, seq_length
+
+
+def _check_offsets(cu_seqlens: torch.Tensor, rows: int, seq_len: int) -> None:
+    """The offsets cover exactly the batch's tokens (they come from the same batch)."""
+    ends = cu_seqlens[[0, -1]].tolist() if len(cu_seqlens) else []
+    if len(cu_seqlens) < 2 or ends != [0, rows * seq_len]:
+        raise ValueError(
+            f"cu_seqlens must run from 0 to the batch's {rows} × {seq_len} tokens, not over {ends}"
+        )

@@ -162,6 +162,11 @@ def test_a_batch_without_offsets_is_refused_in_a_sentence() -> None:
     with pytest.raises(ValueError, match="holds 'cu_seqlens'; this one has only"):
         megatron_batch(batch)
     assert IGNORE_INDEX in batch["labels"]  # msd's labels, before the adapter
+    batch = client_batch(layouts())
+    batch["cu_seqlens"] = batch["cu_seqlens"][:-1]  # offsets of another batch
+    for packed in (False, True):
+        with pytest.raises(ValueError, match=r"the batch's 3 × 64 tokens, not over \[0, 1"):
+            megatron_batch(batch, packed=packed)
 
 
 # -- a real megatron-core GPTModel on the CPU ---------------------------------------------------
