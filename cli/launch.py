@@ -13,22 +13,17 @@ from rich.text import Text
 
 from msd.control.history import load_history
 from msd.errors import LaunchError
-from msd.jobdir import atomic_write, full_message, is_full
-from msd.launch.autopartition import plan_loaders, prepared, resolve
-from msd.launch.check import check_sources
+from msd.launch.autopartition import AutoPlan
 from msd.launch.job import INTERRUPTED, Job, summary
-from msd.launch.local import LocalJob
-from msd.launch.slurm import SlurmJob
+from msd.launch.prepare import auto_loaders_line, new_job, prepare_launch
 from msd.launch.slurm_plan import submissions
-from msd.plan.partition import loader_processes
-from msd.recipe.advice import listing
-from msd.recipe.advice import summary as loader_summary
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
 from msd.wire.protocol import Status
 
 from .common import RunsOption, console, err_console, user_errors
 from .validate import warn_if_many_loaders, warn_long_samples
+from .common import console, err_console, user_errors
 
 SOURCES_SHOWN = 12  # rows of the progress view; the largest weights first beyond that
 
@@ -110,50 +105,26 @@ def launch(
     if mix_history is not None and not mix_history.is_file():
         raise LaunchError(f"--mix-history {mix_history} is not a file")
     changes = load_history(mix_history, parsed) if mix_history is not None else ()
-    chosen = cluster_of(parsed, cluster)
-    check_sources(parsed, recipe)
-    parsed = resolve_auto_loaders(parsed, json_out)
-    warn_if_many_loaders(len(loader_processes(parsed)), chosen)
-    warn_long_samples(parsed)
+    ready = prepare_launch(parsed, cluster, recipe)
+    show_auto_loaders(ready.recipe, ready.auto, json_out)
+    for warning in ready.warnings:
+        err_console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if dry_run:
-        _print_submissions(parsed, json_out)
+        _print_submissions(ready.recipe, json_out)
         return
-    job: Job = (
-        SlurmJob(parsed, recipe.read_text(), run_dir, changes)
-        if chosen == "slurm"
-        else LocalJob(parsed, recipe.read_text(), run_dir, changes)
-    )
-    run_job(job, parsed, chosen, json_out)
+    job = new_job(ready.recipe, recipe.read_text(), run_dir, ready.cluster, changes)
+    run_job(job, ready.recipe, ready.cluster, json_out)
 
 
-def cluster_of(recipe: Recipe, cluster: str | None) -> str:
-    chosen = cluster or recipe.cluster
-    if chosen not in ("local", "slurm"):
-        raise LaunchError(f"--cluster must be local or slurm, got {chosen!r}")
-    return chosen
-
-
-def resolve_auto_loaders(parsed: Recipe, json_out: bool) -> Recipe:
-    """The recipe with unset ``loaders`` decided and ``loaders: auto`` replaced by measured
-    counts (shown unless --json)."""
-    parsed = prepared(parsed)
-    if not any(s.loaders == "auto" for s in parsed.sources):
-        return parsed
-    auto = plan_loaders(parsed)
-    parsed = resolve(parsed, auto)
-    if not json_out:
-        shown = loader_summary(parsed, loader_processes(parsed))
-        console.print(
-            f"loaders (auto, {auto.cpus} CPUs): {shown} (each process: JOB/loaders.txt)",
-            highlight=False,
-        )
-    return parsed
+def show_auto_loaders(parsed: Recipe, auto: AutoPlan | None, json_out: bool) -> None:
+    """What ``loaders: auto`` decided (unless --json)."""
+    if auto is not None and not json_out:
+        console.print(auto_loaders_line(parsed, auto), highlight=False)
 
 
 def run_job(job: Job, parsed: Recipe, chosen: str, json_out: bool) -> None:
     """Run a prepared job to its end with live progress; the summary, or an exit code ≠ 0."""
     weights = {s.name: s.weight / sum(x.weight for x in parsed.sources) for s in parsed.sources}
-    _write_loaders(job.job.root / "loaders.txt", parsed)
     if not json_out:
         # one line whatever the width: scripts read the folder from it
         console.print(f"job folder: {job.job.root}", highlight=False, soft_wrap=True, markup=False)
@@ -176,15 +147,6 @@ def run_job(job: Job, parsed: Recipe, chosen: str, json_out: bool) -> None:
         if live is None:
             console.print(progress_view(outcome.status, weights))
         console.print(_final_table(outcome.status))
-
-
-def _write_loaders(path: Path, recipe: Recipe) -> None:
-    try:
-        atomic_write(path, listing(recipe, loader_processes(recipe)).encode())
-    except OSError as exc:
-        if is_full(exc):
-            raise LaunchError(full_message(path.parent, path.name)) from None
-        raise
 
 
 def _print_slurm_ids(ids: dict[str, str]) -> None:

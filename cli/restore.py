@@ -14,10 +14,8 @@ from msd.checkpoint.validate import snapshot_recipe
 from msd.control.history import load_history, make_change
 from msd.errors import CheckpointError
 from msd.launch.check import check_sources
-from msd.launch.job import Job
 from msd.launch.listing import pin_files
-from msd.launch.local import LocalJob
-from msd.launch.slurm import SlurmJob
+from msd.launch.prepare import cluster_of, decide_loaders, new_job
 from msd.plan.schedule import MixChange
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
@@ -26,6 +24,8 @@ from msd.sources.index import open_source
 
 from .common import RunsOption, err_console, user_errors
 from .launch import cluster_of, resolve_auto_loaders, run_job
+from .common import err_console, user_errors
+from .launch import run_job, show_auto_loaders
 
 
 @user_errors
@@ -87,7 +87,8 @@ def restore(
         )
     changes = _mix_history(checkpoint, snap.mix_history, parsed)
     chosen = cluster_of(parsed, cluster)
-    parsed = resolve_auto_loaders(parsed, json_out)
+    parsed, auto = decide_loaders(parsed)
+    show_auto_loaders(parsed, auto, json_out)
     resume = dataclasses.replace(
         snap,
         recipe=json.loads(to_json(parsed)),
@@ -96,11 +97,7 @@ def restore(
     )
     if not json_out:
         err_console.print(f"continuing from step {snap.step} ({found.path})", highlight=False)
-    job: Job = (
-        SlurmJob(parsed, text, run_dir, changes, resume)
-        if chosen == "slurm"
-        else LocalJob(parsed, text, run_dir, changes, resume)
-    )
+    job = new_job(parsed, text, run_dir, chosen, changes, resume)
     run_job(job, parsed, chosen, json_out)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from msd.wire.protocol import Status, StatusRequest, Stop
 
 STATUS_EVERY_S = 0.5
 INTERRUPTED = "interrupted (Ctrl-C); every process of the job was stopped"
+STOPPED = "stopped on request; every process of the job was stopped"
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Job:
         self.job = prepare_job(recipe, recipe_text, run_root, mix_history, resume)
         self.rescales_seen = (0.0, 0.0)  # mtimes of JOB/loaders.json, JOB/shadows.json
         self.sock: zmq.Socket[Any] | None = None
+        self.stop_requested = threading.Event()  # set by `request_stop`, from any thread
         self._setup()
         self._write_job_json("starting")
 
@@ -81,6 +84,16 @@ class Job:
     ) -> Outcome:
         """Start every role (``on_started`` gets each one's pid or SLURM job id), then
         ``watch``; a Ctrl-C or an error during start-up stops what started."""
+        failed = self.try_start()
+        if failed is not None:
+            return failed
+        if on_started is not None:
+            on_started(self.started())
+        return self.watch(on_status)
+
+    def try_start(self) -> Outcome | None:
+        """``start``, or the outcome of a start-up that failed or was interrupted (what
+        started is stopped again)."""
         try:
             with self._starting():
                 self.start()
@@ -90,9 +103,11 @@ class Job:
             if isinstance(exc, OSError) and not is_full(exc):
                 raise
             return self._start_failed(_message(exc, self.job))
-        if on_started is not None:
-            on_started(self.started())
-        return self.watch(on_status)
+        return None
+
+    def request_stop(self) -> None:
+        """Ask ``watch`` (in whatever thread it runs) to stop every role and end ``STOPPED``."""
+        self.stop_requested.set()
 
     def _start_failed(self, message: str) -> Outcome:
         self.shut_down()
@@ -132,6 +147,8 @@ class Job:
         status: Status | None = None
         next_check = next_ask = 0.0
         while True:
+            if self.stop_requested.is_set():
+                return status, STOPPED
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.check_every_s
                 ended, failure = self._check_roles(status)
@@ -248,8 +265,10 @@ def final_status(sock: zmq.Socket[Any], timeout_s: float = 2.0) -> Status | None
 
 def final_state(failure: str | None) -> str:
     """``job.json``'s state once the launcher is done: ``done``, ``stopped`` (``msd stop``,
-    Ctrl-C) or ``failed``."""
-    return "done" if failure is None else "stopped" if failure == INTERRUPTED else "failed"
+    Ctrl-C, ``request_stop``) or ``failed``."""
+    if failure is None:
+        return "done"
+    return "stopped" if failure in (INTERRUPTED, STOPPED) else "failed"
 
 
 _LOGGED_ERROR = re.compile(r"^msd\.errors\.\w+: (?P<message>.+)$")
