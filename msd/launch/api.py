@@ -21,7 +21,7 @@ from typing import Any, Literal, overload
 import msgspec
 
 from msd.control.history import load_history
-from msd.errors import LaunchError
+from msd.errors import LaunchError, RecipeError
 from msd.launch.job import INTERRUPTED, STOPPED, Job, Outcome, summary
 from msd.launch.prepare import auto_loaders_line, new_job, prepare_launch
 from msd.plan.schedule import MixChange
@@ -151,9 +151,20 @@ def _read(recipe: RecipeInput) -> tuple[Recipe, str, str | os.PathLike[str] | No
     if isinstance(recipe, Recipe | Mapping):
         data = msgspec.to_builtins(recipe) if isinstance(recipe, Recipe) else dict(recipe)
         parsed = recipe_from_data(data, "msd.launch")
+        _no_files(parsed)
         # written as JSON (valid YAML), as `msd restore` writes a checkpoint's recipe
         return parsed, json.dumps(msgspec.to_builtins(data), indent=2) + "\n", None
     raise TypeError(f"msd.launch takes a recipe file, a Recipe or a dict, not {type(recipe)}")
+
+
+def _no_files(recipe: Recipe) -> None:
+    """A source's ``files`` is what a launch lists, as a recipe file may not set it either."""
+    for i, source in enumerate(recipe.sources):
+        if source.files:
+            raise RecipeError(
+                f"msd.launch: recipe.sources[{i}].files: is written by msd launch (the files "
+                "path named then); remove it"
+            )
 
 
 def _changes(path: str | os.PathLike[str] | None, recipe: Recipe) -> tuple[MixChange, ...]:

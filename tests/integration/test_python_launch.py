@@ -14,7 +14,15 @@ import pytest
 
 import msd
 from msd.errors import MsdError
-from msd.recipe.schema import Balance, DemoTrainer, Distribute, Recipe, Source, Trainer
+from msd.recipe.schema import (
+    Balance,
+    DemoTrainer,
+    Distribute,
+    PinnedFile,
+    Recipe,
+    Source,
+    Trainer,
+)
 from tests.conftest import SMALL_SOURCES, processes_of_launcher, read_rank_logs, run_msd
 
 WEIGHTS = (0.5, 0.3, 0.2)
@@ -146,3 +154,17 @@ def test_import_msd_stays_light_until_launch_is_called() -> None:
     light, loaded, torch, sentence = run.stdout.split(" ", 3)
     assert (light, loaded, torch) == ("True", "True", "False")
     assert "cannot read the recipe" in sentence
+
+
+def test_a_recipe_in_code_may_not_list_files_as_a_recipe_file_may_not(
+    small_data: Path, tmp_path: Path
+) -> None:
+    import msgspec
+
+    recipe = tiny_recipe(small_data)
+    pinned = PinnedFile(path="a.parquet", size=1, mtime_ns=1)
+    listed = msgspec.structs.replace(recipe.sources[1], files=(pinned,))
+    bad = msgspec.structs.replace(recipe, sources=(recipe.sources[0], listed))
+    with pytest.raises(MsdError, match=r"^msd\.launch: recipe\.sources\[1\]\.files: is written by"):
+        msd.launch(bad, runs=tmp_path)
+    assert not tmp_path.joinpath("py").exists() and list(tmp_path.iterdir()) == []
