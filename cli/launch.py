@@ -22,8 +22,6 @@ from msd.recipe.schema import Recipe
 from msd.wire.protocol import Status
 
 from .common import RunsOption, console, err_console, user_errors
-from .validate import warn_if_many_loaders, warn_long_samples
-from .common import console, err_console, user_errors
 
 SOURCES_SHOWN = 12  # rows of the progress view; the largest weights first beyond that
 

@@ -23,8 +23,6 @@ from msd.sources.formats.base import as_launched
 from msd.sources.index import open_source
 
 from .common import RunsOption, err_console, user_errors
-from .launch import cluster_of, resolve_auto_loaders, run_job
-from .common import err_console, user_errors
 from .launch import run_job, show_auto_loaders
 
 
