@@ -4,3 +4,4 @@ Each lives in its own module and imports its framework only inside the functions
 so ``import msd`` never requires one: ``msd.integrations.megatron`` for Megatron-LM and
 megatron-core.
 """
+"""Adapters that feed msd's batches to other training frameworks (imported only on demand)."""
