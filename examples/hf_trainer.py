@@ -136,19 +136,7 @@ def open_step_log(path: Path, start: int) -> TextIO:
     return open(path, "a")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    rank = os.environ.get("RANK", "-")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank}: %(message)s")
-    if not torch.cuda.is_available():
-        torch.set_num_threads(args.threads)  # the ranks of a node share its cores
-    try:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else None
-        client = msd.Client(device=device)  # job, rank and world size from the environment
-    except MsdError as exc:
-        log.error("%s", exc)
-        return 1
+def train(args: argparse.Namespace, client: msd.Client) -> None:
     output_dir = args.output_dir or client.job.trainer / "hf-trainer"
     training = training_arguments(args, output_dir)  # starts the process group
     last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
@@ -159,7 +147,23 @@ def main(argv: list[str] | None = None) -> int:
         trainer = LoggedTrainer(
             model=model, args=training, client=client, steps=steps, log_samples=args.log_samples
         )
-        trainer.train(resume_from_checkpoint=last)
+        trainer.train(resume_from_checkpoint=last)  # None: from the start
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = os.environ.get("RANK", "-")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {rank}: %(message)s")
+    if not torch.cuda.is_available():
+        torch.set_num_threads(args.threads)  # the ranks of a node share its cores
+    try:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else None
+        client = msd.Client(device=device)  # job, rank and world size from the environment
+        train(args, client)
+    except MsdError as exc:  # msd's one sentence (a checkpoint without msd_data.json, ...)
+        log.error("%s", exc)
+        return 1
     client.close()
     return 0
 

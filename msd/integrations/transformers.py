@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from msd.client import Client
-from msd.errors import CheckpointError
+from msd.errors import CheckpointError, LaunchError
 from msd.jobdir import atomic_write
 from msd.pack import IGNORE_INDEX
 
@@ -127,7 +127,7 @@ class MsdTrainer(transformers.Trainer):
             )
         rank, world_size = self.args.process_index, self.args.world_size
         if (self.client.rank, self.client.world_size) != (rank, world_size):
-            raise ValueError(
+            raise LaunchError(
                 f"the msd Client is rank {self.client.rank} of {self.client.world_size} but this "
                 f"Trainer process is rank {rank} of {world_size}"
             )

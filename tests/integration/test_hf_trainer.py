@@ -22,9 +22,10 @@ import psutil
 import pytest
 import torch
 import yaml
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
-from msd.integrations.transformers import next_token_loss
+from msd.errors import CheckpointError, LaunchError
+from msd.integrations.transformers import MsdTrainer, load_data_state, next_token_loss
 from msd.pack import IGNORE_INDEX
 from tests.conftest import (
     LaunchFailed,
@@ -198,3 +199,36 @@ def test_the_loss_of_shifted_labels_is_the_models_own_loss_of_unshifted_ones() -
         out = model(input_ids=input_ids, labels=unshifted)
         ours = next_token_loss(out.logits, shifted)
     torch.testing.assert_close(ours, out.loss, rtol=0, atol=1e-6)
+
+
+class StandIn:
+    """What MsdTrainer reads of a Client before training (no data plane needed to refuse)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+
+def tiny_trainer(tmp_path: Path, client: Any, **arguments: Any) -> MsdTrainer:
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1, **arguments
+    )
+    return MsdTrainer(model=LlamaForCausalLM(config), args=args, client=client)
+
+
+def test_gradient_accumulation_and_a_client_of_another_rank_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="gradient_accumulation_steps to 1"):
+        tiny_trainer(tmp_path, StandIn(0, 1), gradient_accumulation_steps=2)
+    with pytest.raises(LaunchError, match="Client is rank 1 of 2 but this Trainer process is"):
+        tiny_trainer(tmp_path, StandIn(1, 2))
+
+
+def test_a_checkpoint_without_the_data_state_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"msd_data\.json is missing"):
+        load_data_state(tmp_path)
+    (tmp_path / "msd_data.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"msd_data\.json cannot be read"):
+        load_data_state(tmp_path)
