@@ -32,6 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
 from torch.utils.data import DataLoader
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from msd.client import Client
@@ -114,6 +116,7 @@ class MsdTrainer(transformers.Trainer):
         super().__init__(*args, **kwargs)
         self.client = client
         self._check_arguments()
+        self.step_zero = client.step  # msd's step of the Trainer's global step 0
         self.args.ignore_data_skip = True  # the Client goes back to its step itself
         self.model_accepts_loss_kwargs = False  # compute_loss counts the trained tokens
         if self.args.max_steps <= 0 and (steps := client.job.recipe().steps) is not None:
@@ -161,13 +164,14 @@ class MsdTrainer(transformers.Trainer):
     # -- checkpoints ----------------------------------------------------------------------------
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         """The data plane's state first: a folder with ``trainer_state.json`` (written last by
-        the Trainer) then always has it."""
+        the Trainer) then always has it. Its step is that of the steps trained, not of the
+        batches fetched: a dataloader reading ahead does not move it."""
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial))
             folder /= f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             folder.mkdir(parents=True, exist_ok=True)
-            state = json.dumps(self.client.state_dict(), indent=1)
-            atomic_write(folder / DATA_STATE_NAME, state.encode())
+            state = self.client.state_dict() | {"step": self.step_zero + self.state.global_step}
+            atomic_write(folder / DATA_STATE_NAME, json.dumps(state, indent=1).encode())
         super()._save_checkpoint(model, trial)
 
     def train(  # type: ignore[override]
@@ -175,11 +179,17 @@ class MsdTrainer(transformers.Trainer):
     ) -> transformers.trainer_utils.TrainOutput:
         """The Trainer's ``train``; resuming also takes the Client back to the checkpoint's step."""
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)  # type: ignore[no-untyped-call]
-            if resume_from_checkpoint is None:
+            last: str | None = get_last_checkpoint(self.args.output_dir)  # type: ignore[no-untyped-call]
+            if last is None:
                 raise CheckpointError(f"no checkpoint-N folder in {self.args.output_dir}")
+            resume_from_checkpoint = last
         if isinstance(resume_from_checkpoint, str | os.PathLike):
+            resume_from_checkpoint = str(resume_from_checkpoint)
             self.client.load_state_dict(load_data_state(Path(resume_from_checkpoint)))
+            trained = TrainerState.load_from_json(
+                os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)
+            ).global_step
+            self.step_zero = self.client.step - trained
             log.info("msd resumes at step %d from %s", self.client.step, resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
 
