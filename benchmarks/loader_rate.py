@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from msd.control.status import fetch_view
-from msd.control.views import StatusView
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
+from msd.wire.views import StatusView
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.2

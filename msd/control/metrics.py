@@ -64,7 +64,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from msd.control.views import ConstructorView, LoaderView, SourceView, StatusView
+from msd.wire.views import ConstructorView, LoaderView, SourceView, StatusView
 
 BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 

@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 
 from msd.control.client import request
-from msd.control.views import StatusView
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
 from msd.wire.protocol import Status, StatusRequest
+from msd.wire.views import StatusView
 
 
 def resolve_job(job: Path | None, runs: Path) -> JobDir:

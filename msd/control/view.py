@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from msd.control.views import (
+from msd.wire.protocol import Hello, Stats
+from msd.wire.views import (
     ConstructorView,
     JobView,
     LoaderView,
@@ -26,7 +27,6 @@ from msd.control.views import (
     SourceView,
     StatusView,
 )
-from msd.wire.protocol import Hello, Stats
 
 VIEW_VERSION = 1
 WINDOW_S = 10.0

@@ -16,8 +16,8 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
-from msd.control.views import StatusView
 from msd.errors import ProtocolError
+from msd.wire.views import StatusView
 
 # 13: Stats' cache figures; 12: the tokens a loss is taken on (Payload.trained, Payload.spans);
 # 11: Meta.frames; 10: videos (Payload.videos, SourceLoad's video figures); 9: relayed payloads
@@ -335,7 +335,7 @@ class StatusRequest(_Msg, frozen=True, tag=int(Kind.STATUS_REQUEST)):
 
 class Status(_Msg, frozen=True, tag=int(Kind.STATUS)):
     """Planner → anyone asking: a snapshot of the job; ``view`` is what ``msd status`` shows
-    (``msd.control.views``)."""
+    (``msd.wire.views``)."""
 
     state: str
     planned: int

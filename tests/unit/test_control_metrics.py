@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from msd.control import metrics as metrics_module
 from msd.control.metrics import BUCKETS_S, Histogram, HistogramSnapshot, MetricsServer
-from msd.control.views import (
+from msd.wire.views import (
     ConstructorView,
     JobView,
     LoaderView,

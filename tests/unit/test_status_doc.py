@@ -17,8 +17,8 @@ import pytest
 from msd.control.metrics import HistogramSnapshot, families
 from msd.control.status import status_json
 from msd.control.view import JobObserver, metrics_line
-from msd.control.views import StatusView
 from msd.jobdir import JobDir
+from msd.wire.views import StatusView
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "status.md"
 

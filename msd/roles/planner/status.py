@@ -9,9 +9,9 @@ import time
 from typing import TYPE_CHECKING
 
 from msd.control.view import metrics_line
-from msd.control.views import StatusView
 from msd.jobdir import JobDir
 from msd.wire.protocol import Status
+from msd.wire.views import StatusView
 
 if TYPE_CHECKING:
     from msd.roles.planner.core import PlannerCore
