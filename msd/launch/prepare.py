@@ -20,9 +20,9 @@ from msd.launch.job import Job
 from msd.launch.local import LocalJob
 from msd.launch.long_samples import long_sample_warnings
 from msd.launch.slurm import SlurmJob
+from msd.plan.advice import listing, summary, too_many_loaders
 from msd.plan.partition import loader_processes
 from msd.plan.schedule import MixChange
-from msd.recipe.advice import listing, summary, too_many_loaders
 from msd.recipe.schema import Recipe
 
 CLUSTERS = ("local", "slurm")

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from msd.recipe.advice import process_limit
+from msd.plan.advice import process_limit
 from tests.conftest import base_recipe, run_msd
 from tests.videos import encode, write_tar
 

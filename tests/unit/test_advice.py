@@ -6,14 +6,14 @@ from typing import Any
 
 import msgspec
 
-from msd.plan.partition import loader_processes
-from msd.recipe.advice import (
+from msd.plan.advice import (
     count_processes,
     listing,
     process_limit,
     summary,
     too_many_loaders,
 )
+from msd.plan.partition import loader_processes
 from msd.recipe.schema import Recipe
 
 
