@@ -16,10 +16,10 @@ from msd.launch.autopartition import prepared
 from msd.launch.check import SourceSummary, check_sources
 from msd.launch.long_samples import long_sample_warnings
 from msd.plan.advice import count_processes, too_many_loaders
-from msd.recipe.first_samples import check_first_samples
 from msd.recipe.hints import missing_eos
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe
+from msd.sources.first_samples import check_first_samples
 from msd.sources.profile import SourceProfile
 
 from .common import console, err_console, user_errors
