@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
+# How long a role may drain once its launcher died (the SIGTERM of ``die_with_parent``) before
+# the kernel ends it (SIGALRM's default action): no role outlives its launcher by more.
+ORPHAN_EXIT_S = 5
+
 # The identity a role reports its crash with: this prefix + its own (msd.roles.__main__).
 FAILURE_PREFIX = b"failure/"
 
@@ -35,7 +39,7 @@ def die_with_parent() -> None:
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(parent):  # the launcher died before prctl took effect
+    if orphaned():  # the launcher died before prctl took effect
         os._exit(1)
 
 
@@ -43,8 +47,17 @@ class StopRequested(Exception):
     """Raised inside a role loop when SIGTERM/SIGINT arrive: drain and exit cleanly."""
 
 
+def orphaned() -> bool:
+    """Whether the launcher that started this role has died (the role was reparented)."""
+    parent = os.environ.get("MSD_LAUNCHER_PID")
+    return parent is not None and os.getppid() != int(parent)
+
+
 def stop_on_signals() -> None:
     def handler(signum: int, frame: Any) -> None:
+        if orphaned():  # nobody is left to wait for the drain: bound it
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(ORPHAN_EXIT_S)
         raise StopRequested(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, handler)

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from msd.roles.common import ORPHAN_EXIT_S
 from tests.conftest import (
     assert_launch_ok,
     base_recipe,
@@ -24,6 +25,9 @@ from tests.conftest import (
     start_launch,
     wait_for_file,
 )
+
+# Time for a role to be scheduled and run its SIGTERM handler on a busy machine.
+SCHEDULING_S = 30
 
 
 def listed(cwd: Path) -> dict[str, dict[str, Any]]:
@@ -59,8 +63,10 @@ def logged_steps(cwd: Path, name: str) -> int:
     return len(log.read_text().splitlines())
 
 
-def wait_until_gone(launcher_pid: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
+def wait_until_gone(launcher_pid: int) -> None:
+    """Until no process of the launcher lives: each ends within ``ORPHAN_EXIT_S`` of its death
+    (the kernel's timer), once it ran its SIGTERM handler (``SCHEDULING_S`` on a busy machine)."""
+    deadline = time.monotonic() + ORPHAN_EXIT_S + SCHEDULING_S
     while processes_of_launcher(launcher_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_of_launcher(launcher_pid) == []
