@@ -17,6 +17,10 @@ from msd.wire.protocol import Rescale, Rescaling
 
 from .common import console, user_errors
 
+# How long `msd rescale` waits by default for the new generation to read (it stops sooner when
+# the job ends); --timeout-s changes it.
+RESCALE_WAIT_S = 120.0
+
 
 @user_errors
 def rescale(
@@ -26,7 +30,7 @@ def rescale(
     wait: Annotated[
         bool, typer.Option(help="Wait until the new loaders read (--no-wait: return at once).")
     ] = True,
-    timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = 120.0,
+    timeout_s: Annotated[float, typer.Option(help="How long --wait waits.")] = RESCALE_WAIT_S,
     json_out: Annotated[
         bool,
         typer.Option(

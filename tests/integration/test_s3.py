@@ -34,6 +34,7 @@ from tests.integration.test_recovery import role_pids, wait_for_step
 from tests.s3.server import S3Bucket
 
 STEPS = 60
+JOB_S = 240  # how long a test's job may run on a busy machine
 
 
 def recipe(paths: dict[str, str], **overrides: Any) -> dict[str, Any]:
@@ -195,8 +196,22 @@ def test_a_rescale_and_an_elastic_restore_from_s3_keep_the_stream(
     proc = start_launch(root, "r.yaml", "--json")
     try:
         job = wait_for_step(root, 5, proc)
-        up = run_msd("rescale", str(job), "--source", "web", "--loaders", "3", cwd=root)
-        out, err = proc.communicate(timeout=240)
+        # The new generation reads while the job runs or never: rescale waits as long as the
+        # job may run (it stops waiting when the job ends), and its own error, not the
+        # subprocess's timeout, says what went wrong.
+        up = run_msd(
+            "rescale",
+            str(job),
+            "--source",
+            "web",
+            "--loaders",
+            "3",
+            "--timeout-s",
+            str(JOB_S),
+            cwd=root,
+            timeout=JOB_S + 60,
+        )
+        out, err = proc.communicate(timeout=JOB_S)
     finally:
         if proc.poll() is None:
             proc.kill()
