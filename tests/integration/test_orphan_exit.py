@@ -20,8 +20,8 @@ import sys, time
 from msd.roles.common import StopRequested, die_with_parent, stop_on_signals
 die_with_parent()
 stop_on_signals()
-print("up", flush=True)
 try:
+    print("up", flush=True)  # in the try: the SIGTERM may come before print returns
     while True:
         time.sleep(0.05)
 except StopRequested:
