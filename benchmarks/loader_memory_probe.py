@@ -135,7 +135,7 @@ def parts(shards: list[SourceShard], reader: RowGroupReader) -> dict[str, int]:
     """The loader's own structures, in bytes (what Python objects around them cost aside)."""
     held = [t for s in shards for t in s.held.values()]
     visits = [s.visit for s in shards if s.visit is not None]
-    orders = [s._order for s in shards if s._order is not None]
+    orders = [s.cursor.order for s in shards if s.cursor.order is not None]
     return {
         "held_tokens": sum(t.nbytes for t in held),
         "held_buffers": _unique_bases(held),
@@ -197,7 +197,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "cpu_s": round(sum(psutil.Process().cpu_times()[:2]) - sum(cpu[:2]), 2),
         "parts": parts(shards, reader),
         "budget_tokens": shards[0].budget,
-        "window_bytes": getattr(shards[0], "window_bytes", None),  # None: before it adapted
+        "window_bytes": shards[0].opener.window_bytes,
     }
     if args.trace:
         result["top"] = trace_top(15)

@@ -3,7 +3,7 @@
 Estimate (before a run): a baseline worker ends up holding one decoded row group of every
 source, so the baseline needs about ``R·W·(S·rg·d + worker)``, where ``d`` is what pyarrow
 allocates per byte of text it decodes (its string builders over-allocate: measured 1.6); an msd
-loader holds a window of a source's current row group (``msd.roles.loader.shard.WINDOW_BYTES``) plus
+loader holds a window of a source's current row group (``msd.roles.loader.visit.WINDOW_BYTES``) plus
 its share of the read-ahead, so msd needs about ``S·(min(rg, window)·d + share) + processes·role``.
 The estimates only decide which points to skip; the fits are what the note reports.
 

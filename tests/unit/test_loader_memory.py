@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from msd.plan.partition import Shard
 from msd.recipe.schema import Recipe
-from msd.roles.loader.shard import SourceShard, packed, token_buffer
+from msd.roles.loader.chunk import packed
+from msd.roles.loader.payload import token_buffer
+from msd.roles.loader.shard import SourceShard
 from msd.roles.loader.visit import MIN_WINDOW_BYTES, WINDOW_BYTES, window_bytes
 from msd.sources.read import RowGroupReader
 from msd.synth import SynthSource, synth
@@ -68,7 +70,7 @@ def test_a_reading_shard_holds_a_window_and_its_read_ahead_not_a_row_group(
     root: Path, buffer_tokens: int
 ) -> None:
     shard = SourceShard(recipe_of(root, buffer_tokens), Shard(0, 0), RowGroupReader(), (0, None, 1))
-    assert shard.window_bytes == window_bytes(buffer_tokens)
+    assert shard.opener.window_bytes == window_bytes(buffer_tokens)
     while shard.hungry:
         assert shard.read_next() is not None
     # tokenize about half of what it holds, oldest first, and read ahead again
@@ -78,7 +80,7 @@ def test_a_reading_shard_holds_a_window_and_its_read_ahead_not_a_row_group(
         assert shard.read_next() is not None
     parts = retained(shard)
     longest = 8192
-    assert parts["window"] <= shard.window_bytes + longest + 4 * ROW_GROUP_ROWS
+    assert parts["window"] <= shard.opener.window_bytes + longest + 4 * ROW_GROUP_ROWS
     # bytes ids are held as uint8: a byte a token, and at most a chunk beyond the budget
     assert all(t.dtype == np.uint8 for t in shard.held.values())
     assert parts["held"] <= shard.budget + 64 * 1024 + longest
@@ -86,10 +88,10 @@ def test_a_reading_shard_holds_a_window_and_its_read_ahead_not_a_row_group(
     assert parts["rows"] == 8 * len(shard.visit.rows)
     row_group_bytes = 1000 * ROW_GROUP_ROWS
     if buffer_tokens == 16384:  # one of many sources: well under a row group in all
-        assert shard.window_bytes == MIN_WINDOW_BYTES
+        assert shard.opener.window_bytes == MIN_WINDOW_BYTES
         assert sum(parts.values()) < row_group_bytes / 8
     else:
-        assert shard.window_bytes == WINDOW_BYTES
+        assert shard.opener.window_bytes == WINDOW_BYTES
 
 
 ids = st.lists(st.lists(st.integers(-5, 2**31 - 1) | st.integers(0, 300), max_size=6), max_size=5)

@@ -12,7 +12,8 @@ import pytest
 from msd.plan.partition import Shard
 from msd.recipe.checks import check_recipe
 from msd.recipe.schema import Recipe
-from msd.roles.loader.shard import SourceShard, shard_bytes
+from msd.roles.loader.budget import shard_bytes
+from msd.roles.loader.shard import SourceShard
 from msd.sources.read import RowGroupReader
 from msd.synth_vlm import INTERLEAVED_SOURCE, write_vlm_sources
 
@@ -69,16 +70,16 @@ def test_a_shard_stops_reading_at_its_patch_budget_and_reads_again_when_routed(
     while shard.hungry:
         assert shard.read_next() is not None
     held = [p.nbytes for p in shard.pixels.values()]
-    assert shard.held_bytes == sum(held) >= 2**20
+    assert shard.ahead.held_bytes == sum(held) >= 2**20
     largest = max(held)
-    assert shard.held_bytes < 2**20 + largest * 8  # the last chunk's images, at most
-    assert shard.held_tokens < shard.budget  # the patches stopped it, not the tokens
+    assert shard.ahead.held_bytes < 2**20 + largest * 8  # the last chunk's images, at most
+    assert shard.ahead.held_tokens < shard.budget  # the patches stopped it, not the tokens
     # routing what it holds (oldest first) lets it read again once below half
     for gpos in sorted(shard.held):
         if not shard.hungry:
             shard.forget(gpos)
-    assert shard.hungry and 2 * shard.held_bytes < 2**20
-    assert shard.held_bytes == sum(p.nbytes for p in shard.pixels.values())
+    assert shard.hungry and 2 * shard.ahead.held_bytes < 2**20
+    assert shard.ahead.held_bytes == sum(p.nbytes for p in shard.pixels.values())
 
 
 def test_a_budget_under_a_mebibyte_is_refused_with_the_key(root: Path) -> None:

@@ -21,7 +21,7 @@ from msd.plan.partition import (
 )
 from msd.plan.schedule import constant, peak_shares, schedule_of
 from msd.recipe.schema import Recipe
-from msd.roles.loader.shard import shard_budget
+from msd.roles.loader.budget import shard_budget
 from msd.roles.loader.visit import Visit, cell_sizes
 
 

@@ -25,9 +25,9 @@ from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
 from msd.roles.footprint import cache_image_blocks
 from msd.roles.loader.outage import Outage
-from msd.roles.loader.payload import image_fields, patches_of
+from msd.roles.loader.payload import image_fields, patches_of, token_buffer
 from msd.roles.loader.pick import NextRead
-from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard, token_buffer
+from msd.roles.loader.shard import MAX_OPEN_FILES, SourceShard
 from msd.roles.outlets import Outlets
 from msd.sources import cache
 from msd.sources.index import open_source
@@ -108,7 +108,7 @@ class Loader:
             if shard is not None:
                 started = time.perf_counter()
                 meta = self._read(shard)
-                shard.busy_s += time.perf_counter() - started
+                shard.counts.busy_s += time.perf_counter() - started
                 self.next_read.changed(shard.source)
                 if meta is not None:
                     transport.send(self.planner, meta)
@@ -129,7 +129,7 @@ class Loader:
                 log.warning("source %s: %s; trying again", self._source_name(shard), exc.reason)
             if not shard.outage.failed(now):
                 raise SourceError(self._gave_up(shard, exc)) from exc
-            shard.retries += 1
+            shard.counts.retries += 1
             return None
         if shard.outage is not None:
             log.info(
@@ -192,14 +192,14 @@ class Loader:
             shard.want = max(shard.want, msg.gpos)
             self.next_read.changed(msg.source)
         elif isinstance(msg, Cut):
-            transport.send(self.planner, CutAt(msg.source, self.shards[msg.source].cut()))
+            transport.send(self.planner, CutAt(msg.source, self.shards[msg.source].cursor.cut()))
             self.next_read.changed(msg.source)
         elif isinstance(msg, GenerationStart):
             shard = self.shards[msg.source]
             if shard.generation == msg.generation:
-                shard.begin(msg.start)
-            elif shard.generation < msg.generation and shard.stop is None:
-                shard.end_at(msg.start)
+                shard.cursor.begin(msg.start)
+            elif shard.generation < msg.generation and shard.cursor.stop is None:
+                shard.cursor.end_at(msg.start)
             self.next_read.changed(msg.source)
         elif isinstance(msg, Stop):
             return False

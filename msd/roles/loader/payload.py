@@ -1,5 +1,6 @@
-"""What a loader sends for the samples of a routed step, apart from sockets: the payload's fields
-for their images and videos (`image_fields`) and their patches back to back (`patches_of`)."""
+"""What a loader sends for the samples of a routed step, apart from sockets: their tokens back to
+back (`token_buffer`), the payload's fields for their images and videos (`image_fields`) and
+their patches back to back (`patches_of`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ import numpy as np
 
 from msd.sample import SampleImages
 from msd.sources.fuse import Held
+from msd.wire import compact
+
+
+def token_buffer(tokens: list[np.ndarray]) -> np.ndarray:
+    """The tokens of routed samples back to back, as they travel: in the narrowest type that
+    holds them (``compact.narrowed``, whatever type they were held in); none, as int32."""
+    buffer = np.concatenate(tokens) if tokens else np.empty(0, np.int32)
+    return compact.narrowed(buffer) if buffer.size else np.empty(0, np.int32)
 
 
 def image_fields(held: Sequence[Held | None], patch_values: int) -> dict[str, Any]:
