@@ -167,7 +167,7 @@ def planned(tmp_path: Path) -> tuple[Harness, Sent]:
     h = Harness(tmp_path, make_recipe())
     welcomes = h.register()
     assert {to for to, _ in of_type(welcomes, Welcome)} == {b"web/0", b"code/0"}
-    assert h.core.running
+    assert h.core.phase.running
     assert h.report(b"web/0", 0, 0, 400) == []
     assert h.report(b"code/0", 1, 0, 400) == []
     return h, h.advance()
@@ -237,9 +237,9 @@ def test_a_checkpoint_is_of_the_consumed_step_and_a_rewind_goes_back_to_one(plan
     assert h.core.ledger.store.find(3).snapshot.state == state_at_3
     refused = only(h.send(b"trainer", Rewind(step=9)), Refused)
     assert "not reached yet" in refused.reason
-    assert h.core.rewind_to is None
+    assert h.core.phase.rewind_to is None
     assert only(h.send(b"trainer", Rewind(step=2)), Rewinding).step == 2
-    assert h.core.rewind_to == 2
+    assert h.core.phase.rewind_to == 2
     assert h.core.ledger.store.find().snapshot.state.step == 2  # the latest now
 
 

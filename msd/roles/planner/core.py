@@ -37,6 +37,7 @@ from msd.roles.planner import judging, status
 from msd.roles.planner.failover import Failover
 from msd.roles.planner.ledger import Ledger
 from msd.roles.planner.outbox import Outbox
+from msd.roles.planner.phase import Phase
 from msd.roles.planner.registry import Registry
 from msd.roles.planner.routing import Routing
 from msd.roles.planner.scaling import Scaling
@@ -73,8 +74,8 @@ log = logging.getLogger(__name__)
 class PlannerCore:
     """State it owns: ``state`` (the planner state after the last step planned), ``start``
     (the state it started from: positions below its cursors were placed before it),
-    ``num_steps`` (once the stream's end is planned), ``running`` (every peer registered),
-    ``rewind_to`` / ``stopped`` (why the loop must end), ``failure`` (a role's report)."""
+    ``num_steps`` (once the stream's end is planned), ``phase`` (starting or running, and why
+    the loop must end: ``Phase``)."""
 
     def __init__(
         self,
@@ -103,10 +104,7 @@ class PlannerCore:
         self.rejects = Rejects("planner")
         self.warned_truncated: set[int] = set()  # sources whose truncation was logged
         self.num_steps: int | None = None
-        self.running = self.stopped = False
-        self.rewind_to: int | None = None
-        self.failure = ""
-        self.started = clock()
+        self.phase = Phase(started=clock())
         self._handlers: dict[type, Callable[[bytes, Any], None]] = {
             Meta: self._on_meta,
             Progress: self._on_progress,
@@ -161,14 +159,14 @@ class PlannerCore:
     def _on_hello(self, identity: bytes, msg: Hello) -> None:
         self.registry.register(identity, msg)
         self.observer.on_hello(identity.hex(), msg)
-        if msg.role == "loader" and msg.standby < 0 and self.running:
+        if msg.role == "loader" and msg.standby < 0 and self.phase.running:
             # a rescale's new loader, or a shadow taking a lost one's place
             self.out.send(identity, self._welcome())
             for source in msg.sources:
                 self.scaling.maybe_cut(source)
                 if source in self.routing.wanted:
                     self.out.send(identity, Want(source=source, gpos=self.routing.wanted[source]))
-        if not self.running and self.registry.complete():
+        if not self.phase.running and self.registry.complete():
             self._start()
 
     def _welcome(self) -> Welcome:
@@ -186,8 +184,8 @@ class PlannerCore:
                 self.out.send(peer.identity, msgspec.structs.replace(welcome, index=index))
         for peer in self.registry.loaders.values():
             self.out.send(peer.identity, welcome)
-        self.running = True
-        self.started = self.clock()
+        self.phase.running = True
+        self.phase.started = self.clock()
         log.info(
             "%d loaders, %d constructors",
             len(self.registry.loaders),
@@ -225,15 +223,15 @@ class PlannerCore:
         self.observer.on_retired(identity.hex())
 
     def _on_failure(self, identity: bytes, msg: Failure) -> None:
-        self.failure = f"{msg.role} {msg.name}: {msg.error}"
+        self.phase.failure = f"{msg.role} {msg.name}: {msg.error}"
         log.error("failure reported by %s %s:\n%s", msg.role, msg.name, msg.traceback)
 
     def _on_stop(self, msg: Stop) -> None:
         for peer in self.registry.everyone():
             self.out.send(peer.identity, msg)
-        if self.running:
+        if self.phase.running:
             status.append_metrics_line(self.job, status.view(self))  # the last step, for ls
-        self.stopped = True
+        self.phase.stopped = True
 
     def _take_checkpoint(self) -> CheckpointTaken | Refused:
         why = self.ledger.checkpoint_refusal()
@@ -250,13 +248,13 @@ class PlannerCore:
     def _rewind(self, msg: Rewind) -> Rewinding | Refused:
         """A trainer restored an earlier checkpoint: make the state at ``msg.step`` the latest
         and end, for the launcher to restart the data plane there."""
-        if self.rewind_to is not None:
-            return Rewinding(step=self.rewind_to)
+        if self.phase.rewind_to is not None:
+            return Rewinding(step=self.phase.rewind_to)
         why = self.ledger.rewind(msg.step)
         if why is not None:
             return Refused(reason=why)
         log.info("a trainer went back to step %d; restarting there", msg.step)
-        self.rewind_to = msg.step
+        self.phase.rewind_to = msg.step
         return Rewinding(step=msg.step)
 
     # -- on the loop's clock ------------------------------------------------------------------

@@ -50,17 +50,17 @@ class Planner:
         while True:
             if dict(poller.poll(50)) and not self._drain():
                 return
-            if core.rewind_to is not None:
+            if core.phase.rewind_to is not None:
                 return
             # Heartbeats are judged on what was just drained, not after planning: a Planner
             # slow to plan must not take its loaders' queued messages for silence.
             now = time.monotonic()
             if now >= self.next_tick:
                 self._tick(now)
-            if core.running:
+            if core.phase.running:
                 core.advance()
                 self._flush()
-            if core.scaling.settings is not None and core.running and now >= self.next_scale:
+            if core.scaling.settings is not None and core.phase.running and now >= self.next_scale:
                 self.next_scale = now + self.recipe.loader.autoscale.every_s
                 core.autoscale()
                 self._flush()
@@ -75,7 +75,7 @@ class Planner:
             assert identity is not None  # a ROUTER socket always names the sender
             self.core.handle(identity, msg)
             self._flush()
-            if self.core.stopped:
+            if self.core.phase.stopped:
                 return False
         return True
 
@@ -87,13 +87,13 @@ class Planner:
         """Refresh the view: heartbeats, the metrics endpoint, a line of ``metrics.jsonl``."""
         core = self.core
         self.next_tick = now + TICK_S
-        if core.running:
+        if core.phase.running:
             core.check_heartbeats()
             self._flush()
         current = status.view(core)
         if self.metrics is not None:
             self.metrics.update(current, core.wait_hist.snapshot(), core.plan_hist.snapshot())
-        if now >= self.next_line and core.running:
+        if now >= self.next_line and core.phase.running:
             self.next_line = now + self.recipe.metrics.every_s
             status.append_metrics_line(self.job, current)
 
@@ -111,5 +111,5 @@ def main(job: JobDir) -> None:
         planner.run()
     finally:
         planner.close()
-    if planner.core.rewind_to is not None:
+    if planner.core.phase.rewind_to is not None:
         raise SystemExit(REWIND_EXIT)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def state_name(core: PlannerCore) -> str:
     done = core.num_steps is not None and core.consumed >= core.num_steps
-    return "done" if done else "running" if core.running else "starting"
+    return "done" if done else "running" if core.phase.running else "starting"
 
 
 def counts(core: PlannerCore) -> dict[str, int]:
@@ -57,8 +57,8 @@ def view(core: PlannerCore) -> StatusView:
         state=state_name(core),
         planned=core.state.step,
         steps=core.num_steps if core.num_steps is not None else core.recipe.steps,
-        uptime_s=now - core.started,
-        failure=core.failure,
+        uptime_s=now - core.phase.started,
+        failure=core.phase.failure,
         weights=core.stream.spec.schedule.weights_at(step),
         lifecycle=core.graph.counts(reported=core.routing.reported()),
         counts=counts(core),
@@ -83,7 +83,7 @@ def status(core: PlannerCore) -> Status:
         planned=core.state.step,
         consumed=core.consumed,
         steps=core.num_steps if core.num_steps is not None else core.recipe.steps,
-        elapsed_s=core.clock() - core.started,
+        elapsed_s=core.clock() - core.phase.started,
         tokens_consumed=ledger.tokens_consumed,
         source_names=tuple(s.name for s in core.recipe.sources),
         source_samples=tuple(int(x) for x in ledger.source_samples),
@@ -100,7 +100,7 @@ def status(core: PlannerCore) -> Status:
         constructor_step_bytes=sum(registry.bytes_by.values()),
         lifecycle=current.planner.lifecycle,
         roles=(("planner", "planner", os.getpid()), *roles),
-        failure=core.failure,
+        failure=core.phase.failure,
         view=current,
     )
 
