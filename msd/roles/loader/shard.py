@@ -12,7 +12,6 @@ is its ``Cursor``'s; how it reads a block, its ``Opener``'s.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -33,8 +32,6 @@ from msd.sources.image_rows import ImageRowReader
 from msd.sources.index import SourceIndex, open_source
 from msd.sources.read import RowGroupReader
 from msd.wire.protocol import Meta, SourceLoad
-
-log = logging.getLogger(__name__)
 
 # Text bytes tokenized per loop turn, at most: large enough that per-message costs stay small.
 CHUNK_BYTES = 64 * 1024
