@@ -51,15 +51,9 @@ from benchmarks.quickstart import (
     paired_runs_parser,
     with_trainer,
 )
-from msd.checkpoint.format import (
-    Delta,
-    Snapshot,
-    Totals,
-    decode_snapshot,
-    encode_delta,
-    encode_snapshot,
-)
+from msd.checkpoint.format import Delta, decode_snapshot, encode_delta, encode_snapshot
 from msd.checkpoint.signing import signing_key
+from msd.checkpoint.snapshot import Snapshot, Totals
 from msd.checkpoint.store import CheckpointStore
 from msd.launch.local import LocalJob
 from msd.plan.step import PlannerState

@@ -13,8 +13,6 @@ from typing import Any, BinaryIO
 
 from msd.checkpoint.format import (
     Delta,
-    Snapshot,
-    Totals,
     decode_delta,
     decode_snapshot,
     encode_delta,
@@ -22,6 +20,7 @@ from msd.checkpoint.format import (
     verified,
 )
 from msd.checkpoint.signing import key_for
+from msd.checkpoint.snapshot import Snapshot, Totals
 from msd.checkpoint.validate import delta_problem
 from msd.errors import CheckpointError
 from msd.jobdir import atomic_write

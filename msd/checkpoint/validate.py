@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from msd.checkpoint.snapshot import Snapshot
 from msd.errors import CheckpointError, RecipeError
 from msd.recipe.load import recipe_from_data
 from msd.recipe.schema import Recipe, stream_fingerprint
-
-if TYPE_CHECKING:
-    from msd.checkpoint.format import Snapshot
 
 # Positions and counts travel as 64-bit ints (numpy, msgpack); the stream never comes near.
 POSITION_MAX = 2**62

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import zmq
 
-from msd.checkpoint.format import Snapshot
+from msd.checkpoint.snapshot import Snapshot
 from msd.errors import LaunchError, MsdError
 from msd.jobdir import JobDir, full_message, is_full
 from msd.launch.jobfolder import prepare_job, write_job_state

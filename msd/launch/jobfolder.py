@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from msd.checkpoint.format import Snapshot
 from msd.checkpoint.signing import signing_key
+from msd.checkpoint.snapshot import Snapshot
 from msd.checkpoint.store import CheckpointStore
 from msd.control.history import write_history
 from msd.errors import LaunchError

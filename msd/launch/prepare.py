@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from msd.checkpoint.format import Snapshot
+from msd.checkpoint.snapshot import Snapshot
 from msd.errors import LaunchError
 from msd.jobdir import atomic_write, full_message, is_full
 from msd.launch.autopartition import AutoPlan, plan_loaders, prepared, resolve

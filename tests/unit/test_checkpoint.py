@@ -11,14 +11,13 @@ import pytest
 from msd.checkpoint.compat import differences, keeping_padding
 from msd.checkpoint.format import (
     Delta,
-    Snapshot,
-    Totals,
     decode_delta,
     decode_snapshot,
     encode_delta,
     encode_snapshot,
 )
 from msd.checkpoint.resume import first_positions, needed
+from msd.checkpoint.snapshot import Snapshot, Totals
 from msd.checkpoint.store import CheckpointStore, open_checkpoint
 from msd.errors import CheckpointError
 from msd.plan.step import NeedData, PlannerState, plan_step

@@ -8,14 +8,13 @@ import json
 from pathlib import Path
 
 from msd.checkpoint.format import (
-    Counters,
     Delta,
-    Snapshot,
     decode_delta,
     decode_snapshot,
     encode_delta,
     encode_snapshot,
 )
+from msd.checkpoint.snapshot import Counters, Snapshot
 from msd.checkpoint.store import CheckpointStore
 from msd.plan.step import NeedData, PlannerState, pieces, plan_step
 from tests.unit.test_checkpoint import snap

@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from msd.checkpoint.format import Delta, Snapshot, decode_snapshot, encode_delta, encode_snapshot
+from msd.checkpoint.format import Delta, decode_snapshot, encode_delta, encode_snapshot
 from msd.checkpoint.signing import signing_key
+from msd.checkpoint.snapshot import Snapshot
 from msd.checkpoint.store import CheckpointStore, open_checkpoint
 from msd.checkpoint.validate import snapshot_recipe
 from msd.errors import CheckpointError, LaunchError, RecipeError, SourceError

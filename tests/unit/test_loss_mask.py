@@ -149,7 +149,7 @@ def msgspec_replace(msg: object, **fields: object) -> object:
 
 
 def test_trained_tokens_are_counted_per_source_and_survive_a_checkpoint_round_trip() -> None:
-    from msd.checkpoint.format import Counters
+    from msd.checkpoint.snapshot import Counters
     from msd.roles.planner.routing import _within
 
     spans = np.array([[2, 5], [8, 12]])

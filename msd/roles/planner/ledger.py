@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from msd.checkpoint.format import Counters, Delta, Snapshot, Totals
+from msd.checkpoint.format import Delta
 from msd.checkpoint.signing import signing_key
+from msd.checkpoint.snapshot import Counters, Snapshot, Totals
 from msd.checkpoint.store import CheckpointStore
 from msd.control.history import change_json
 from msd.errors import CheckpointError
