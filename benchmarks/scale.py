@@ -8,9 +8,10 @@
 
 Each point is one job (``benchmarks.scale_job``): the Planner and ``--loaders`` loader processes
 (``loader.sources_per_process`` packs the tiny synthetic Parquet sources into them) started as
-``msd launch`` starts them, and N nodes, each a real ``msd.roles.constructor.Constructor`` on its
-own thread, ``--nodes-per-process`` to a process with their simulated ranks
-(``benchmarks.scale_nodes``: a rank asks for step s, waits for its batch, asks for s + 1). Every
+``msd launch`` starts them, and N nodes, each a real Constructor
+(``msd.roles.constructor.loop.Constructor``) on its own thread, ``--nodes-per-process`` to a
+process with their simulated ranks (``benchmarks.scale_nodes``: a rank asks for step s, waits for
+its batch, asks for s + 1). Every
 rank is its own DP rank and gets one row of ``--seq-len`` tokens per step, so the data is tiny
 while the messages and connections are those of a job of that many ranks. ``--fanout`` sets the
 recipe's ``constructor.fanout`` (``direct``: every loader sends to every Constructor).

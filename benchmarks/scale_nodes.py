@@ -32,8 +32,8 @@ import zmq
 from msd import logs
 from msd.jobdir import JobDir, constructor_endpoint_name
 from msd.recipe.schema import Recipe
-from msd.roles import constructor as constructor_module
-from msd.roles.constructor import Constructor
+from msd.roles.constructor import loop as constructor_loop
+from msd.roles.constructor.loop import Constructor
 from msd.wire import transport
 from msd.wire.protocol import Batch, Ended, Get
 
@@ -105,7 +105,7 @@ def share_usage_reading() -> None:
     node on a real cluster, but dozens of times a second in a process hosting dozens of nodes,
     where the kernel walks the whole address space each time. The figures are the process's
     either way, so one reading a second is shared."""
-    read = constructor_module.process_usage
+    read = constructor_loop.process_usage
     cached: list[tuple[float, tuple[float, int]]] = []
     lock = threading.Lock()
 
@@ -116,7 +116,7 @@ def share_usage_reading() -> None:
                 cached[:] = [(now, read())]
             return cached[0][1]
 
-    constructor_module.process_usage = shared  # type: ignore[assignment]
+    constructor_loop.process_usage = shared  # type: ignore[assignment]
 
 
 def serve(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from msd.roles.intake import Intake
+from msd.roles.constructor.intake import Intake
 from msd.wire.rejects import Rejects
 
 

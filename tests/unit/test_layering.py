@@ -41,5 +41,5 @@ def test_importing_msd_loads_no_torch():
 
 
 def test_the_probe_sees_a_forbidden_module_when_one_is_loaded():
-    modules = _modules_after("import msd.client, msd.roles.intake")
-    assert "msd.roles.intake" in modules and "torch" in modules
+    modules = _modules_after("import msd.client, msd.roles.constructor.intake")
+    assert "msd.roles.constructor.intake" in modules and "torch" in modules

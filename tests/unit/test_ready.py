@@ -7,7 +7,7 @@ import pytest
 
 from msd.pack import Piece, pack_rows
 from msd.plan.topology import Coords, Topology
-from msd.roles.ready import Names, Ready
+from msd.roles.constructor.ready import Names, Ready
 from msd.sample import SampleImages
 from msd.wire import compact
 from msd.wire.protocol import TensorSpec, frame_offsets

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from msd.recipe.schema import Recipe
 from msd.sample import SampleImages
+from msd.wire.protocol import Payload, PayloadLayout, trained_spans
 from msd.wire.rejects import Rejects
 
 Key = tuple[int, int]  # (source, gpos)
 # its tokens, its images if it has any, and the [start, end) spans of its tokens a loss is
 # taken on (None: every token)
 Sample = tuple[np.ndarray, SampleImages | None, np.ndarray | None]
+
+EARLY_CAP_MIN_BYTES = 64 << 20
 
 
 class Intake:
@@ -106,3 +110,41 @@ class Intake:
             n = len(self.held.pop(furthest, {}))
             del self.frame_bytes[furthest]
             self.rejects.count("over-capacity", f"{n} samples of step {furthest} dropped")
+
+
+def payload_samples(msg: Payload, buffers: list[memoryview]) -> list[Sample]:
+    """Each sample of a payload: views on its frames (no copy), its images if it has any."""
+    tokens = np.frombuffer(buffers[0], dtype=msg.token_dtype)  # checked on decode
+    layout = PayloadLayout.of(msg)
+    bounds, first, rows, grids = layout.bounds, layout.first, layout.rows, layout.grids
+    images: list[SampleImages | None] = [None] * len(msg.gpos)
+    if msg.images:
+        patches = np.frombuffer(buffers[1], dtype=np.uint8).reshape(-1, msg.patch_values)
+        for i, n in enumerate(msg.images):
+            if n:
+                own = grids[first[i] : first[i] + n]
+                span = patches[rows[first[i]] : rows[first[i] + n]]
+                videos = tuple(map(bool, msg.videos[first[i] : first[i] + n]))
+                images[i] = SampleImages(
+                    span,
+                    tuple((t, h, w) for t, h, w in own.tolist()),
+                    videos if any(videos) else (),
+                    msg.video_rows,
+                )
+    spans = trained_spans(msg)
+    return [
+        (tokens[bounds[i] : bounds[i + 1]], images[i], None if spans is None else spans[i])
+        for i in range(len(msg.gpos))
+    ]
+
+
+def early_cap_bytes(recipe: Recipe, groups: int) -> int:
+    """How many bytes of payloads a Constructor keeps for steps not planned yet: the tokens (and
+    at most the patches they stand for) of its rows over the whole planning window, eight times
+    over, and at least 64 MiB."""
+    window = 2 * recipe.constructor.prefetch_steps + 8
+    per_token = 4
+    if recipe.has_images:  # a placeholder token brings merge_size² patches with it
+        per_token += recipe.bytes_per_visual_token
+    step_bytes = groups * recipe.rows_per_rank * recipe.seq_len * per_token
+    return max(EARLY_CAP_MIN_BYTES, 8 * window * step_bytes)

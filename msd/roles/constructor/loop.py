@@ -1,0 +1,128 @@
+"""The Data Constructor process: its sockets feeding a ``ConstructorCore`` and the clock of its
+``Stats``. Only this module touches sockets: the Planner's DEALER, the payloads' PULL, the
+trainers' ROUTER, and the PUSH sockets to its children in the relay tree (``Outlets``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from msd.checkpoint.resume import latest_state
+from msd.jobdir import JobDir, constructor_endpoint_name
+from msd.recipe.schema import Recipe
+from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage
+from msd.roles.constructor.core import ConstructorCore
+from msd.roles.constructor.outbox import Child, Destination, Trainer
+from msd.roles.outlets import Outlets
+from msd.wire import transport
+from msd.wire.protocol import Message, Payload, Welcome
+
+log = logging.getLogger(__name__)
+
+GET_MAX_BYTES = 1 << 16  # a trainer's request is a few dozen bytes
+PAYLOADS_PER_PEER = 64  # payloads queued from one loader before ZeroMQ reads it no further
+
+
+class Constructor:
+    """The loop: receive, let the core decide, send what it decided."""
+
+    def __init__(self, job: JobDir, recipe: Recipe, node: str, ranks: tuple[int, ...]) -> None:
+        self.node = node
+        self.ranks = ranks
+        resumed = latest_state(job)
+        start = resumed.step if resumed is not None else 0  # the step the stream goes on from
+        self.core = ConstructorCore(recipe, node, ranks, start)
+        ctx, keys = transport.context(), job.keys()
+        self.clients, client_endpoint = transport.bind(ctx, zmq.ROUTER, keys, GET_MAX_BYTES)
+        self.payloads_in, payload_endpoint = transport.bind(
+            ctx, zmq.PULL, keys, queue_per_peer=PAYLOADS_PER_PEER
+        )
+        self.planner = connect_planner(job, f"constructor/{node}")
+        self.endpoints = {"client": client_endpoint, "payload": payload_endpoint}
+        self.out = Outlets(keys, recipe.constructor.fanout)
+        job.publish(constructor_endpoint_name(node), client_endpoint)
+
+    def run(self) -> None:
+        hi = hello(
+            "constructor", self.node, node=self.node, endpoints=self.endpoints, ranks=self.ranks
+        )
+        transport.send(self.planner, hi)
+        log.info("serving ranks %s", ", ".join(map(str, self.ranks)))
+        poller = zmq.Poller()
+        for sock in (self.planner, self.payloads_in, self.clients):
+            poller.register(sock, zmq.POLLIN)
+        next_stats = 0.0
+        while True:
+            if time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + STATS_EVERY_S
+                transport.send(self.planner, self.core.stats(*process_usage()))
+            events = dict(poller.poll(100))
+            if self.payloads_in in events:
+                self._drain_payloads()
+            if self.planner in events and not self._drain_planner():
+                return
+            if self.clients in events:
+                self._drain_clients()
+
+    def _drain_planner(self) -> bool:
+        """Handle every queued message of the Planner; False once it said stop."""
+        while self.planner.poll(0):
+            received = transport.recv_or_drop(self.planner, self.core.rejects)
+            if received is None:
+                continue
+            self.core.on_planner(received[1])
+            self._flush()
+            if self.core.stopped:
+                return False
+        return True
+
+    def _drain_payloads(self) -> None:
+        while self.payloads_in.poll(0):
+            received = transport.recv_or_drop(self.payloads_in, self.core.rejects)
+            if received is not None:
+                self.core.on_payload(received[1], received[2])
+                self._flush()
+
+    def _drain_clients(self) -> None:
+        while self.clients.poll(0):
+            received = transport.recv_or_drop(self.clients, self.core.rejects)
+            if received is None:
+                continue
+            identity, msg, _ = received
+            assert identity is not None  # a ROUTER socket always names the sender
+            self.core.on_request(identity, msg)
+            self._flush()
+
+    def _flush(self) -> None:
+        for to, msg, buffers in self.core.out.take():
+            self._send(to, msg, buffers)
+
+    def _send(self, to: Destination, msg: Message, buffers: list[Any]) -> None:
+        match to:
+            case Trainer(identity):
+                transport.send(self.clients, msg, buffers, to=identity)
+            case Child(index):
+                assert isinstance(msg, Payload)  # only payloads are relayed
+                self.out.send(index, msg, buffers)
+            case "outlets":
+                assert isinstance(msg, Welcome)
+                self.out.welcome(msg)
+            case "planner":
+                transport.send(self.planner, msg, buffers)
+
+    def close(self) -> None:
+        """Close its sockets (what was sent last still goes out, for ``LINGER_MS``)."""
+        self.out.close()
+        for sock in (self.clients, self.payloads_in, self.planner):
+            sock.close()
+
+
+def main(job: JobDir, node: str, ranks: tuple[int, ...]) -> None:
+    constructor = Constructor(job, job.recipe(), node, ranks)
+    try:
+        constructor.run()
+    finally:
+        constructor.close()
