@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 GET_MAX_BYTES = 1 << 16  # a trainer's request is a few dozen bytes
 PAYLOADS_PER_PEER = 64  # payloads queued from one loader before ZeroMQ reads it no further
+
+Handler = Callable[[bytes | None, Message, list[memoryview]], None]  # identity, message, buffers
 
 
 class Constructor:
@@ -61,40 +64,34 @@ class Constructor:
                 transport.send(self.planner, self.core.stats(*process_usage()))
             events = dict(poller.poll(100))
             if self.payloads_in in events:
-                self._drain_payloads()
-            if self.planner in events and not self._drain_planner():
+                self._drain(self.payloads_in, self._payload)
+            if self.planner in events and not self._drain(self.planner, self._from_planner):
                 return
             if self.clients in events:
-                self._drain_clients()
+                self._drain(self.clients, self._request)
 
-    def _drain_planner(self) -> bool:
-        """Handle every queued message of the Planner; False once it said stop."""
-        while self.planner.poll(0):
-            received = transport.recv_or_drop(self.planner, self.core.rejects)
+    def _drain(self, sock: zmq.Socket[Any], handle: Handler) -> bool:
+        """Hand every message queued on ``sock`` to the core, sending what it decides after
+        each; False once the Planner said stop."""
+        while sock.poll(0):
+            received = transport.recv_or_drop(sock, self.core.rejects)
             if received is None:
                 continue
-            self.core.on_planner(received[1])
+            handle(*received)
             self._flush()
             if self.core.stopped:
                 return False
         return True
 
-    def _drain_payloads(self) -> None:
-        while self.payloads_in.poll(0):
-            received = transport.recv_or_drop(self.payloads_in, self.core.rejects)
-            if received is not None:
-                self.core.on_payload(received[1], received[2])
-                self._flush()
+    def _from_planner(self, _: bytes | None, msg: Message, buffers: list[memoryview]) -> None:
+        self.core.on_planner(msg)
 
-    def _drain_clients(self) -> None:
-        while self.clients.poll(0):
-            received = transport.recv_or_drop(self.clients, self.core.rejects)
-            if received is None:
-                continue
-            identity, msg, _ = received
-            assert identity is not None  # a ROUTER socket always names the sender
-            self.core.on_request(identity, msg)
-            self._flush()
+    def _payload(self, _: bytes | None, msg: Message, buffers: list[memoryview]) -> None:
+        self.core.on_payload(msg, buffers)
+
+    def _request(self, identity: bytes | None, msg: Message, _: list[memoryview]) -> None:
+        assert identity is not None  # a ROUTER socket always names the sender
+        self.core.on_request(identity, msg)
 
     def _flush(self) -> None:
         for to, msg, buffers in self.core.out.take():
