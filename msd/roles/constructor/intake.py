@@ -13,6 +13,7 @@ their tokens, usually after the plan, sometimes just before it. The intake keeps
   step right after the planned ones, a flood spreads over the whole window.
 
 Which steps are accepted at all (the window) is the Constructor's call; the intake only counts.
+``payload_samples`` reads a payload's samples off its frames; ``early_cap_bytes`` sizes the cap.
 """
 
 from __future__ import annotations
