@@ -11,10 +11,10 @@ Each point is one job (``benchmarks.scale_job``): the Planner and ``--loaders`` 
 ``msd launch`` starts them, and N nodes, each a real Constructor
 (``msd.roles.constructor.loop.Constructor``) on its own thread, ``--nodes-per-process`` to a
 process with their simulated ranks (``benchmarks.scale_nodes``: a rank asks for step s, waits for
-its batch, asks for s + 1). Every
-rank is its own DP rank and gets one row of ``--seq-len`` tokens per step, so the data is tiny
-while the messages and connections are those of a job of that many ranks. ``--fanout`` sets the
-recipe's ``constructor.fanout`` (``direct``: every loader sends to every Constructor).
+its batch, asks for s + 1). Every rank is its own DP rank and gets one row of ``--seq-len``
+tokens per step, so the data is tiny while the messages and connections are those of a job of
+that many ranks. ``--fanout`` sets the recipe's ``constructor.fanout`` (``direct``: every loader
+sends to every Constructor).
 
 Per point, from step ``--warmup`` on (see ``docs/scale.md`` for what each figure is):
 steps/s; the Planner's plan time p50/p99 (its own ``msd status`` figures); TCP connections of
