@@ -22,21 +22,7 @@ from msd.recipe.schema import Recipe
 from msd.roles.constructor.core import ConstructorCore
 from msd.roles.constructor.outbox import Child, Sent, Trainer
 from msd.wire import compact
-from msd.wire.protocol import (
-    Batch,
-    ConstructorInfo,
-    End,
-    Ended,
-    Get,
-    Message,
-    Payload,
-    Plan,
-    Progress,
-    Welcome,
-    decode,
-    encode,
-    frame_offsets,
-)
+from msd.wire import protocol as proto
 
 SEQ_LEN = 16
 
@@ -71,9 +57,9 @@ PIECES: list[Piece] = [
 ]
 
 
-def plan_of(step: int, pieces: list[Piece]) -> Plan:
+def plan_of(step: int, pieces: list[Piece]) -> proto.Plan:
     lengths = tuple(len(p[4]) for p in pieces)
-    return Plan(
+    return proto.Plan(
         step=step,
         dp=tuple(p[0] for p in pieces),
         row=tuple(p[1] for p in pieces),
@@ -89,7 +75,7 @@ def plan_of(step: int, pieces: list[Piece]) -> Plan:
 def payload_of(step: int, pieces: list[Piece], to: tuple[int, ...] = ()) -> Any:
     """A loader's payload of the samples of ``pieces``, as the wire delivers it."""
     tokens = np.array([t for p in pieces for t in p[4]], dtype=np.uint16)
-    msg = Payload(
+    msg = proto.Payload(
         step=step,
         source=tuple(p[2] for p in pieces),
         gpos=tuple(p[3] for p in pieces),
@@ -100,9 +86,9 @@ def payload_of(step: int, pieces: list[Piece], to: tuple[int, ...] = ()) -> Any:
     return wire(msg, [tokens])
 
 
-def wire(msg: Message, buffers: list[Any] | None = None) -> Any:
+def wire(msg: proto.Message, buffers: list[Any] | None = None) -> Any:
     """``msg`` and its buffers as a socket hands them over: encoded, then decoded."""
-    return decode(encode(msg, buffers or []))
+    return proto.decode(proto.encode(msg, buffers or []))
 
 
 def take(core: ConstructorCore) -> list[Sent]:
@@ -115,18 +101,18 @@ def take(core: ConstructorCore) -> list[Sent]:
 
 def get(core: ConstructorCore, rank: int, step: int, consumed: int) -> list[Sent]:
     identity = b"rank-%d" % rank
-    core.on_request(identity, wire(Get(rank=rank, step=step, consumed=consumed))[0])
+    core.on_request(identity, wire(proto.Get(rank=rank, step=step, consumed=consumed))[0])
     return take(core)
 
 
 def tensors(sent: Sent) -> dict[str, np.ndarray]:
     """The tensors a trainer gets from a ``Batch`` the core sent (as ``msd.reader`` reads it)."""
     _, batch, buffers = sent
-    assert isinstance(batch, Batch)
+    assert isinstance(batch, proto.Batch)
     data = np.asarray(buffers[0]).view(np.uint8)
     frames = {
         spec.name: np.frombuffer(data, spec.dtype, math.prod(spec.shape), at).reshape(spec.shape)
-        for spec, at in zip(batch.frames, frame_offsets(batch.frames), strict=False)
+        for spec, at in zip(batch.frames, proto.frame_offsets(batch.frames), strict=False)
     }
     return compact.decode(frames, {t.name: (t.shape, t.dtype) for t in batch.tensors})
 
@@ -164,12 +150,12 @@ def test_a_parked_request_is_answered_when_its_step_is_built():
     assert take(core) == [] and len(core.parked) == 1
     deliver(core, 0, ["code"])  # the step's last payload builds it
     [(to, batch, _)] = take(core)
-    assert to == Trainer(b"rank-0") and isinstance(batch, Batch) and batch.step == 0
+    assert to == Trainer(b"rank-0") and isinstance(batch, proto.Batch) and batch.step == 0
     assert len(core.parked) == 0
-    # step 1 is not planned: held (and no Progress: rank 1 has consumed nothing yet)
+    # step 1 is not planned: held (and no proto.Progress: rank 1 has consumed nothing yet)
     assert get(core, rank=0, step=1, consumed=1) == [] and len(core.parked) == 1
-    core.on_planner(wire(End(num_steps=1))[0])  # the stream ends before it
-    assert take(core) == [(Trainer(b"rank-0"), Ended(num_steps=1), [])]
+    core.on_planner(wire(proto.End(num_steps=1))[0])  # the stream ends before it
+    assert take(core) == [(Trainer(b"rank-0"), proto.Ended(num_steps=1), [])]
     assert len(core.parked) == 0
 
 
@@ -179,9 +165,9 @@ def test_a_relayed_payload_is_passed_on_once_and_the_own_samples_are_kept():
     # samples for Constructors 0 (this one), 1 and 2; with fan-out 1, 2 hangs under 1
     to = (0, 1, 0, 2, 0)
     core.on_payload(*payload_of(0, PIECES, to))
-    assert take(core) == [] and core.relay.held_bytes > 0  # held until the Welcome
-    infos = tuple(ConstructorInfo(f"n{i}", f"tcp://n{i}:1") for i in range(3))
-    welcome = Welcome(constructors=infos, index=0)
+    assert take(core) == [] and core.relay.held_bytes > 0  # held until the proto.Welcome
+    infos = tuple(proto.ConstructorInfo(f"n{i}", f"tcp://n{i}:1") for i in range(3))
+    welcome = proto.Welcome(constructors=infos, index=0)
     core.on_planner(wire(welcome)[0])
     sent = take(core)
     assert [to for to, _, _ in sent] == ["outlets", Child(1)]  # re-aimed, then relayed
@@ -189,7 +175,7 @@ def test_a_relayed_payload_is_passed_on_once_and_the_own_samples_are_kept():
     assert part.gpos == (20, 21) and part.to == (1, 2)
     assert np.frombuffer(buffers[0], np.uint16).tolist() == [21, 22, 23, 41, 42, 43, 44]
     assert (core.relay.relayed, core.relay.held_bytes) == (1, 0)
-    core.on_planner(wire(welcome)[0])  # a Welcome again relays nothing again
+    core.on_planner(wire(welcome)[0])  # a proto.Welcome again relays nothing again
     assert [to for to, _, _ in take(core)] == ["outlets"]
     assert core.stats(0.0, 0).relayed == 1
     assert core.intake.missing[0] == {(1, 20), (1, 21)}  # its own three samples are in
@@ -222,5 +208,5 @@ def test_a_batch_is_freed_once_every_rank_reading_it_consumed_it():
     get(core, rank=2, step=1, consumed=1)
     sent = get(core, rank=3, step=1, consumed=1)
     assert set(core.ready) == {(0, 0, 1), (1, 0, 1)}
-    progress = Progress(consumed=1, waits_s=(0.0,) * 4, step_bytes=core.step_bytes, built=2)
+    progress = proto.Progress(consumed=1, waits_s=(0.0,) * 4, step_bytes=core.step_bytes, built=2)
     assert ("planner", progress, []) in sent  # every rank consumed step 0
