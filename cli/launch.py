@@ -11,8 +11,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from msd.control.history import load_history
 from msd.errors import LaunchError
+from msd.jobdir.history import load_history
 from msd.launch.autopartition import AutoPlan
 from msd.launch.job import INTERRUPTED, Job, summary
 from msd.launch.prepare import auto_loaders_line, new_job, prepare_launch

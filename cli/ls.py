@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from msd.control.runs import LOST, UNREADABLE, RunInfo, human_age, list_runs
+from msd.jobdir.runs import LOST, UNREADABLE, RunInfo, human_age, list_runs
 
 from .common import RunsOption, console, user_errors
 

@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 
 from msd.control.client import request
-from msd.control.rescales import load_rescales
-from msd.control.runs import is_live
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
+from msd.jobdir.rescales import load_rescales
+from msd.jobdir.runs import is_live
 from msd.recipe.schema import Recipe
 from msd.wire.protocol import Rescale, Rescaling
 

@@ -11,8 +11,8 @@ from msd.checkpoint.compat import differences, keeping_padding
 from msd.checkpoint.signing import job_key_file
 from msd.checkpoint.store import open_checkpoint
 from msd.checkpoint.validate import snapshot_recipe
-from msd.control.history import load_history, make_change
 from msd.errors import CheckpointError
+from msd.jobdir.history import load_history, make_change
 from msd.launch.check import check_sources
 from msd.launch.listing import pin_files
 from msd.launch.prepare import cluster_of, decide_loaders, new_job

@@ -20,8 +20,8 @@ from typing import Any, Literal, overload
 
 import msgspec
 
-from msd.control.history import load_history
 from msd.errors import LaunchError, RecipeError
+from msd.jobdir.history import load_history
 from msd.launch.job import INTERRUPTED, STOPPED, Job, Outcome, summary
 from msd.launch.prepare import auto_loaders_line, new_job, prepare_launch
 from msd.plan.schedule import MixChange

@@ -11,9 +11,9 @@ from typing import Any
 from msd.checkpoint.signing import signing_key
 from msd.checkpoint.snapshot import Snapshot
 from msd.checkpoint.store import CheckpointStore
-from msd.control.history import write_history
 from msd.errors import LaunchError
 from msd.jobdir import JobDir, full_message, is_full
+from msd.jobdir.history import write_history
 from msd.plan.schedule import MixChange
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.wire.keys import create_keys

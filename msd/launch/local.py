@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from msd.control.client import planner_socket
-from msd.control.rescales import load_rescales
-from msd.control.shadows import fate_of_dead_loader, load_takeovers, shadows_used
 from msd.errors import LaunchError
 from msd.jobdir import REWIND_EXIT, constructor_endpoint_name, full_message, nearly_full
+from msd.jobdir.rescales import load_rescales
+from msd.jobdir.shadows import fate_of_dead_loader, load_takeovers, shadows_used
 from msd.launch import procs
 from msd.launch.job import Job, final_status, logged_error
 from msd.launch.ports import free_port

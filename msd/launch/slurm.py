@@ -18,11 +18,11 @@ from typing import Any
 import zmq
 
 from msd.control.client import planner_socket
-from msd.control.rescales import load_rescales
-from msd.control.shadows import load_takeovers, shadows_used
 from msd.control.squeue import cancel_jobs, restart_count, squeue_states
 from msd.errors import LaunchError
 from msd.jobdir import Published
+from msd.jobdir.rescales import load_rescales
+from msd.jobdir.shadows import load_takeovers, shadows_used
 from msd.launch import incarnations
 from msd.launch.job import Job
 from msd.launch.ports import free_port

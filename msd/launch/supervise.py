@@ -31,9 +31,9 @@ import signal
 import time
 
 from msd.control.client import planner_socket
-from msd.control.rescales import load_rescales
-from msd.control.shadows import fate_of_dead_loader, load_takeovers
 from msd.jobdir import REWIND_EXIT, JobDir
+from msd.jobdir.rescales import load_rescales
+from msd.jobdir.shadows import fate_of_dead_loader, load_takeovers
 from msd.launch import incarnations, procs
 from msd.wire import transport
 from msd.wire.protocol import LoaderLost

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from cli.mix import parse_weights
-from msd.control.history import load_history, make_change, write_history
 from msd.control.view import JobObserver, metrics_line
 from msd.errors import LaunchError, RecipeError
+from msd.jobdir.history import load_history, make_change, write_history
 from msd.plan.schedule import MixChange, peak_shares, schedule_of
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe

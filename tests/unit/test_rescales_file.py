@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from msd.control.rescales import RESCALES_VERSION, load_rescales, write_rescales
 from msd.errors import LaunchError
+from msd.jobdir.rescales import RESCALES_VERSION, load_rescales, write_rescales
 from msd.plan.partition import Generation
 
 RECIPE: Any = SimpleNamespace(sources=[SimpleNamespace(name="web"), SimpleNamespace(name="code")])

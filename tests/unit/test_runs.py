@@ -6,9 +6,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import msd.control.runs as runs_module
+import msd.jobdir.runs as runs_module
 from cli.ls import ls
-from msd.control.runs import (
+from msd.errors import LaunchError
+from msd.jobdir.runs import (
     LOST,
     UNREADABLE,
     human_age,
@@ -18,7 +19,6 @@ from msd.control.runs import (
     list_runs,
     pid_alive,
 )
-from msd.errors import LaunchError
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc).timestamp()
 
@@ -134,7 +134,7 @@ def test_a_launcher_on_another_machine_is_not_checked_here():
 
 def test_the_step_is_the_checkpoint_logs_when_the_metrics_lag(tmp_path):
     from msd.checkpoint.format import Delta, encode_delta
-    from msd.control.runs import consumed_step
+    from msd.jobdir.runs import consumed_step
 
     folder = job(tmp_path, "j-20240501-110000", info("local", "done", 1), steps=(831,))
     (folder / "checkpoints").mkdir()

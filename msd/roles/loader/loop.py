@@ -16,10 +16,10 @@ import zmq
 
 from msd import logs
 from msd.checkpoint.resume import first_positions, latest_state
-from msd.control.rescales import load_rescales
-from msd.control.shadows import load_takeovers, shadows_used
 from msd.errors import SourceError
 from msd.jobdir import JobDir
+from msd.jobdir.rescales import load_rescales
+from msd.jobdir.shadows import load_takeovers, shadows_used
 from msd.plan.partition import Generation, LoaderProcess, find_process, generations, span
 from msd.recipe.schema import Recipe
 from msd.roles.common import STATS_EVERY_S, connect_planner, hello, process_usage

@@ -20,10 +20,10 @@ import msgspec
 
 from msd import logs
 from msd.control.metrics import Histogram
-from msd.control.rescales import load_rescales
 from msd.control.view import JobObserver
 from msd.errors import ProtocolError, SourceError
 from msd.jobdir import JobDir
+from msd.jobdir.rescales import load_rescales
 from msd.plan.fanout import Tree
 from msd.plan.hybrid_cost import HybridCost
 from msd.plan.lifecycle import SampleGraph

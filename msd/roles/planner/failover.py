@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 import time
 
-from msd.control.shadows import Takeover, load_takeovers, write_takeovers
 from msd.control.view import JobObserver
 from msd.jobdir import JobDir
+from msd.jobdir.shadows import Takeover, load_takeovers, write_takeovers
 from msd.plan.step import PlannerState
 from msd.recipe.schema import Recipe
 from msd.roles.planner.outbox import Outbox

@@ -15,9 +15,9 @@ from msd.checkpoint.format import Delta
 from msd.checkpoint.signing import signing_key
 from msd.checkpoint.snapshot import Counters, Snapshot, Totals
 from msd.checkpoint.store import CheckpointStore
-from msd.control.history import change_json
 from msd.errors import CheckpointError
 from msd.jobdir import JobDir
+from msd.jobdir.history import change_json
 from msd.plan.step import PlannerState, StepPlan
 from msd.recipe.schema import Recipe, stream_fingerprint, to_json
 from msd.roles.planner.routing import StepFigures

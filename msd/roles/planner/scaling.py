@@ -8,9 +8,9 @@ import dataclasses
 import logging
 import os
 
-from msd.control.rescales import write_rescales
 from msd.control.view import JobObserver
 from msd.jobdir import JobDir
+from msd.jobdir.rescales import write_rescales
 from msd.plan import autoscale as autoscaling
 from msd.plan.partition import Generation, generations, generations_of
 from msd.plan.schedule import Schedule

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from msd.control.history import load_history, make_change, write_history
 from msd.errors import MsdError
 from msd.jobdir import JobDir
+from msd.jobdir.history import load_history, make_change, write_history
 from msd.plan.spec import stream_spec
 from msd.recipe.schema import Recipe
 from msd.wire.protocol import MixSet, Refused, SetMix

@@ -19,6 +19,11 @@
 
 Endpoints are published as files so nothing needs a fixed port, and the same rendezvous works
 on a shared filesystem under SLURM.
+
+The records a job keeps in its folder are read and written by the modules beside this one, so a
+role reads its own job folder without the operator's commands: ``history`` (mix-history.json),
+``rescales`` (loaders.json), ``shadows`` (shadows.json) and ``runs`` (what ``msd ls`` reads of a
+run folder's jobs).
 """
 
 from __future__ import annotations
