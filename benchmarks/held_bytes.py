@@ -53,11 +53,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "held_bytes.json"
 RUNS = ROOT / "benchmarks" / "runs" / "held_bytes"
-FLOORS = {
-    "planner": "msd.roles.planner",
-    "loader": "msd.roles.loader",
-    "constructor": "msd.roles.constructor",
-    "rank": "msd.client",
+FLOORS = {  # what each process imports, written to work in earlier trees too
+    "planner": "import msd.roles.planner",
+    "loader": "import msd.roles.loader",
+    "constructor": "import msd.roles.constructor",
+    "rank": "from msd.client import Client",
 }
 MIB = 2**20
 
@@ -112,12 +112,12 @@ def checkout(commit: str) -> Path:
 
 def floors(tree: Path) -> dict[str, dict[str, int]]:
     """Each role module's import floor in ``tree``'s msd."""
-    code = "import sys, importlib; importlib.import_module(sys.argv[1]); "
+    code = "import sys; exec(sys.argv[1]); "
     code += "print(open('/proc/self/smaps_rollup').read())"
     found = {}
-    for role, module in FLOORS.items():
+    for role, statement in FLOORS.items():
         text = subprocess.run(
-            [sys.executable, "-c", code, module],
+            [sys.executable, "-c", code, statement],
             cwd=tree,
             env=tree_env(tree),
             check=True,

@@ -1,5 +1,6 @@
-"""What a trainer pays to import msd: wall time, memory and modules of ``import msd.client``
-(and of ``import msd``), this msd against another version of it, side by side in one run.
+"""What a trainer pays to import msd: wall time, memory and modules of ``from msd.client import
+Client`` (and of ``import msd.client`` and ``import msd``), this msd against another version of
+it, side by side in one run.
 
     python -m benchmarks.import_cost [--python PYTHON] [--baseline-python PYTHON] [--runs 15]
 
@@ -31,7 +32,8 @@ from typing import Any
 from benchmarks.quickstart import machine
 
 ROOT = Path(__file__).resolve().parent.parent
-IMPORTS = ("msd.client", "msd", "")  # "": a bare interpreter, for scale
+# What each fresh interpreter runs; "": a bare interpreter, for scale.
+IMPORTS = ("from msd.client import Client", "import msd.client", "import msd", "")
 
 # Run in the child: the standard-library modules it needs are imported before the clock starts.
 _CHILD = """
@@ -59,9 +61,9 @@ print(json.dumps({{
 """
 
 
-def measure(python: str, module: str, cwd: str) -> dict[str, Any]:
-    """One fresh interpreter importing ``module`` (nothing when empty)."""
-    statement = f"import {module}" if module else "pass"
+def measure(python: str, statement: str, cwd: str) -> dict[str, Any]:
+    """One fresh interpreter running the import ``statement`` (nothing when empty)."""
+    statement = statement or "pass"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # each its own msd
     done = subprocess.run(
         [python, "-c", _CHILD.format(statement=statement)],
@@ -104,18 +106,18 @@ def main() -> None:
     if args.baseline_python:
         trees["baseline"] = args.baseline_python
     found: dict[str, dict[str, list[dict[str, Any]]]] = {
-        name: {module: [] for module in IMPORTS} for name in trees
+        name: {statement: [] for statement in IMPORTS} for name in trees
     }
     with tempfile.TemporaryDirectory() as empty:
         for i in range(args.runs):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
-            for module in IMPORTS:
+            for statement in IMPORTS:
                 for name in order:
-                    found[name][module].append(measure(trees[name], module, empty))
+                    found[name][statement].append(measure(trees[name], statement, empty))
             print(f"run {i + 1}/{args.runs}", flush=True)
     medians = {
-        name: {module or "(bare)": summary(runs) for module, runs in by_module.items()}
-        for name, by_module in found.items()
+        name: {statement or "(bare)": summary(runs) for statement, runs in by_statement.items()}
+        for name, by_statement in found.items()
     }
     results: dict[str, Any] = {
         "machine": machine(),
@@ -125,11 +127,11 @@ def main() -> None:
     }
     if "baseline" in medians:
         results["this_over_baseline"] = {
-            module: {
-                key: medians["this"][module][key] / medians["baseline"][module][key]
+            statement: {
+                key: medians["this"][statement][key] / medians["baseline"][statement][key]
                 for key in ("import_ms", "pss_mib", "rss_mib")
             }
-            for module in medians["this"]
+            for statement in medians["this"]
         }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "import_cost.json").write_text(json.dumps(results, indent=2))

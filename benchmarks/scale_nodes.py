@@ -3,7 +3,7 @@ on its own thread, and the nodes' trainer ranks, simulated on one more thread.
 
     python -m benchmarks.scale_nodes --job JOB --first 0 --count 128 --ranks-per-node 8 --out F
 
-A simulated rank does what ``msd.reader``'s Client does, without torch or compute: over its own
+A simulated rank does what ``msd.NumpyClient`` does, without torch or compute: over its own
 CURVE DEALER socket to its node's Constructor it sends ``Get`` for step s, waits for the
 ``Batch`` and at once asks for s + 1 (reporting s consumed), until the Constructor answers
 ``Ended``. Every message the Constructors and the ranks send or receive is counted by type, with

@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"  # the one place it is written: the build reads it from here too
 
 if TYPE_CHECKING:
-    from msd.client import Client
-    from msd.reader import NumpyClient
+    from msd.client.numpy import NumpyClient
+    from msd.client.torch import Client
 
 __all__ = ["Client", "NumpyClient", "__version__", "launch"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "Client":
-        from msd.client import Client
+        from msd.client.torch import Client
 
         return Client
     if name == "NumpyClient":
-        from msd.reader import NumpyClient
+        from msd.client.numpy import NumpyClient
 
         return NumpyClient
     if name == "launch":  # the callable package: its import makes it this module's attribute

@@ -17,13 +17,13 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from msd.client.numpy import NumpyClient
 from msd.errors import LaunchError, MsdError
 from msd.jobdir import JobDir
 from msd.launch.job import logged_error
 from msd.launch.local import LocalJob
 from msd.plan.spec import topology_of
 from msd.plan.topology import Coords
-from msd.reader import NumpyClient
 from msd.recipe.schema import Recipe
 
 Batch = dict[str, np.ndarray]

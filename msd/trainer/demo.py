@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from msd.client.base import Reader, node_name
+from msd.client.numpy import NumpyClient
 from msd.jobdir import atomic_write
-from msd.reader import NumpyClient, Reader, node_name
 from msd.recipe.schema import Trainer
 from msd.trainer.barrier import Barrier
 

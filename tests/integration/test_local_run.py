@@ -56,7 +56,7 @@ def test_one_epoch_delivers_every_sample_exactly_once(small_data, write_recipe, 
 
 def test_packed_rows_never_mix_two_samples(small_data, write_recipe, tmp_path):
     from msd.client import Client
-    from msd.reader import NumpyClient
+    from msd.client.numpy import NumpyClient
 
     recipe = base_recipe(small_data, steps=6, constructor={"prefetch_steps": 8})
     recipe_path = write_recipe(recipe)

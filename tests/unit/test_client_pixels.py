@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from msd import device
-from msd.client import normalised
-from msd.reader import normalised as numpy_normalised
+from msd.client import device
+from msd.client.device import normalised
+from msd.client.numpy import normalised as numpy_normalised
 from msd.wire import compact
 
 

@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from msd import device
-from msd.client import Client
+from msd.client import Client, device
 from msd.errors import LaunchError
 from msd.pack import pack_rows
 from msd.shard import cp_slice

@@ -1,7 +1,8 @@
 """What a trainer pays to import msd: the Client, and nothing of the data plane behind it.
 
-``import msd.client`` must load no role, planning or launch module, nor pyarrow (a trainer reads
-batches, not Parquet); ``import msd`` alone must not load torch (the roles import it too).
+``from msd.client import Client`` must load no role, planning or launch module, nor pyarrow (a
+trainer reads batches, not Parquet); ``import msd`` alone must not load torch (the roles import it
+too).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def _under(module: str, package: str) -> bool:
 
 
 def test_the_client_loads_no_role_plan_or_launch_module_nor_pyarrow():
-    modules = _modules_after("import msd.client")
-    assert "msd.client" in modules  # the probe sees what the import loaded
+    modules = _modules_after("from msd.client import Client")
+    assert "msd.client.torch" in modules  # the probe sees what the import loaded
     loaded = [m for m in modules if any(_under(m, p) for p in FORBIDDEN_UNDER_CLIENT)]
     assert loaded == []
 
@@ -41,5 +42,5 @@ def test_importing_msd_loads_no_torch():
 
 
 def test_the_probe_sees_a_forbidden_module_when_one_is_loaded():
-    modules = _modules_after("import msd.client, msd.roles.constructor.intake")
+    modules = _modules_after("from msd.client import Client; import msd.roles.constructor.intake")
     assert "msd.roles.constructor.intake" in modules and "torch" in modules

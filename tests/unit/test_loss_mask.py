@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from msd import device
+from msd.client import device
 from msd.errors import ProtocolError
 from msd.pack import IGNORE_INDEX, Piece, pack_rows
 from msd.shard import cp_slice

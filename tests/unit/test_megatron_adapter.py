@@ -1,7 +1,8 @@
 """``msd.integrations.megatron``: msd's packed batches as megatron-core expects them.
 
 Batches are made as the Constructor makes them (``msd.pack.pack_rows``), cross the wire format
-(``msd.wire.compact``) and come back as the Client's CPU tensors (``msd.device.cpu_tensors``).
+(``msd.wire.compact``) and come back as the Client's CPU tensors
+(``msd.client.device.cpu_tensors``).
 The references are megatron-core's own: its GPT dataset's masks and positions for documents
 that end where msd's samples end, its ``PackedSeqParams``, and a real ``GPTModel``.
 """
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from msd import device
+from msd.client import device
 from msd.integrations.megatron import IGNORE_INDEX, get_batch, megatron_batch
 from msd.pack import Piece, pack_rows
 from msd.shard import cp_slice

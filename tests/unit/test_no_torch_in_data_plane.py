@@ -22,7 +22,7 @@ DATA_PLANE = (
     "msd.cli.main",
     # The demo trainer reads numpy arrays (msd.NumpyClient): its ranks start without torch.
     "msd.trainer.demo",
-    "msd.reader",
+    "msd.client.numpy",
 )
 
 

@@ -1,13 +1,14 @@
-"""The trainer-side reader without torch: ``for batch in msd.NumpyClient(): ...``.
+"""The trainer-side reader for any kind of array: what ``msd.NumpyClient`` and ``msd.Client``
+share.
 
 A reader holds nothing but its step. It asks the Data Constructor on its node for the batch of
 that step and reports, with the next request, how long the trainer waited. A background thread
 owns the socket: it asks for the next step as soon as a batch is handed out, and receives it and
 turns it into arrays while the trainer computes.
 
-``Reader`` is that logic for any kind of array; ``NumpyClient`` hands out numpy arrays (for
-JAX or numpy trainers, and msd's demo trainer, which then never imports torch);
-``msd.Client`` (``msd/client.py``) hands out torch tensors, on the CPU or a GPU.
+``Reader`` is that logic for any kind of array; ``NumpyClient`` (``msd/client/numpy.py``) hands
+out numpy arrays (for JAX or numpy trainers, and msd's demo trainer, which then never imports
+torch); ``msd.Client`` (``msd/client/torch.py``) hands out torch tensors, on the CPU or a GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar, Union
 
 import numpy as np
@@ -28,7 +28,6 @@ import zmq
 from msd.errors import CheckpointError, LaunchError, ProtocolError
 from msd.jobdir import JobDir, Published, constructor_endpoint_name
 from msd.recipe.schema import stream_fingerprint
-from msd.sample import PIXEL_KEYS
 from msd.wire import compact, transport
 from msd.wire.protocol import (
     Batch,
@@ -185,39 +184,6 @@ class Reader(Generic[T]):
         ``pixel_values`` normalised there when ``self.normalise`` says so (``ProtocolError``
         if the frames do not hold the tensors ``shapes`` names)."""
         raise NotImplementedError
-
-
-@dataclass
-class _Arrays:
-    arrays: dict[str, np.ndarray]
-
-    def ready(self) -> dict[str, np.ndarray]:
-        return self.arrays
-
-
-class NumpyClient(Reader[np.ndarray]):
-    """Batches for one trainer rank as numpy arrays (what ``msd.Client`` hands out as torch
-    tensors, the same bytes); torch is never imported. State keys: ``version``, ``step``,
-    ``fingerprint`` (the same state as ``msd.Client``'s)."""
-
-    def _convert(self, frames: compact.Arrays, shapes: compact.Shapes) -> _Arrays:
-        arrays = compact.decode(frames, shapes)
-        if self.normalise is not None:
-            for key in PIXEL_KEYS:
-                if key in arrays:
-                    arrays[key] = normalised(arrays[key], *self.normalise)
-        return _Arrays(arrays)
-
-
-def normalised(pixels: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-    """uint8 patches [n, 3·t·p²] (channel-major) as float32, (x / 255 − mean) / std per channel
-    (``msd.device.normalised`` with numpy)."""
-    channels = pixels.reshape(pixels.shape[0], 3, pixels.shape[1] // 3)
-    scaled = channels.astype(np.float32) / np.float32(255.0)
-    m = np.asarray(mean, dtype=np.float32).reshape(1, 3, 1)
-    s = np.asarray(std, dtype=np.float32).reshape(1, 3, 1)
-    out: np.ndarray = ((scaled - m) / s).reshape(pixels.shape)
-    return out
 
 
 _Result = Union[tuple[int, Pending[T]], Ended, BaseException]  # noqa: UP007 (generic alias)

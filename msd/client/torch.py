@@ -3,8 +3,8 @@
 A Client holds nothing but its step. It asks the Data Constructor on its node for the batch of
 that step and reports, with the next request, how long the trainer waited. A background thread
 owns the socket: it asks for the next step as soon as a batch is handed out, and receives it and
-turns it into tensors while the trainer computes (``msd.reader``, shared with
-``msd.NumpyClient``). It is also a ``torch.utils.data.IterableDataset`` (batches are already
+turns it into tensors while the trainer computes (``msd.client.base``, shared
+with ``msd.NumpyClient``). It is also a ``torch.utils.data.IterableDataset`` (batches are already
 formed), so ``DataLoader(client, batch_size=None)`` works too, with ``num_workers=0``: the data
 plane does the work in its own processes, and a worker process would read the stream apart from
 the Client whose ``state_dict()`` a checkpoint saves, so iterating in one is refused.
@@ -18,10 +18,10 @@ from typing import Literal
 
 import torch
 
-from msd import device as devices
-from msd.device import normalised
+from msd.client import device as devices
+from msd.client.base import STATE_VERSION, Reader, node_name
+from msd.client.device import normalised
 from msd.errors import LaunchError
-from msd.reader import STATE_VERSION, Reader, node_name
 from msd.wire import compact
 
 __all__ = ["STATE_VERSION", "Client", "node_name", "normalised"]
@@ -52,7 +52,8 @@ class Client(Reader[torch.Tensor], torch.utils.data.IterableDataset[dict[str, to
         a GPU-side step to normalise).
 
         ``device="cuda"`` (or ``"cuda:N"``, a ``torch.device``): batches come on that GPU,
-        copied from pinned memory on a side stream while the trainer computes (``msd.device``).
+        copied from pinned memory on a side stream while the trainer computes
+        (``msd.client.device``).
         ``pin_memory=True``: CPU batches come in pinned memory (nothing without CUDA).
         """
         self.placement = devices.placement(device, pin_memory)
