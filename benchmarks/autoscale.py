@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 
 REPO = Path(__file__).resolve().parents[1]
 RAMP = (150, 250)  # steps: slow goes from 5 % to 60 % of the samples

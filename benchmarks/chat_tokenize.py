@@ -4,7 +4,7 @@ transformers' ``apply_chat_template``, in one process and in a real loader proce
 
     python -m benchmarks.chat_tokenize [--rows 3000] [--join 8] [--repeats 5] [--window-s 3]
 
-Data (the same bytes every run): ``demo``, the well-formed conversations of ``msd.synth_chat``
+Data (the same bytes every run): ``demo``, the well-formed conversations of ``msd.synth.chat``
 (OpenAI messages in Parquet, one to four exchanges; its malformed rows left out, as
 transformers cannot be compared on them), with its tokenizer (a BPE trained on them, 2,048
 tokens) and ChatML template; ``long``, each row ``--join`` demo conversations back to back (8 to
@@ -54,8 +54,8 @@ from msd.recipe.schema import Source
 from msd.roles.loader.shard import CHUNK_BYTES, CHUNK_SECONDS
 from msd.sources.chat_rows import ChatRows
 from msd.sources.transforms import make_transform
-from msd.synth import END_OF_TEXT, write_parquet
-from msd.synth_chat import MESSAGES_SOURCE, TOKENIZER_DIR, write_chat_sources
+from msd.synth.chat import MESSAGES_SOURCE, TOKENIZER_DIR, write_chat_sources
+from msd.synth.text import END_OF_TEXT, write_parquet
 
 KINDS = ("chat", "docs")
 PARALLELISM = "TOKENIZERS_PARALLELISM"

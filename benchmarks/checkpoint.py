@@ -59,7 +59,7 @@ from msd.launch.local import LocalJob
 from msd.plan.step import PlannerState
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import Recipe, Trainer, from_json, stream_fingerprint, to_json
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 
 ROLES = ("loader", "planner", "constructor", "trainer")
 

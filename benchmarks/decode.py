@@ -4,7 +4,7 @@ at steady state with enough loaders.
 
     python -m benchmarks.decode [--samples 96] [--max-pixels 1003520] [--out benchmarks/results]
 
-Data: ``msd.synth_vlm.write_vlm_sources`` (``--samples`` samples per source, 2 files each) in a
+Data: ``msd.synth.vlm.write_vlm_sources`` (``--samples`` samples per source, 2 files each) in a
 temporary folder: WebDataset captions, Parquet captions (Hugging Face Image struct) and
 interleaved documents (1-5 images each), 32 to 2,048 px, JPEG / PNG / WebP. The geometry is
 ``recipes/vlm.yaml``'s (Qwen2-VL's defaults, ``max_pixels`` 1,003,520: at most 1,280 tokens an
@@ -82,7 +82,7 @@ from msd.sources.vision import (
     patchify,
 )
 from msd.sources.webdataset import index_tar, read_member
-from msd.synth_vlm import INTERLEAVED_SOURCE, PARQUET_SOURCE, WDS_SOURCE, write_vlm_sources
+from msd.synth.vlm import INTERLEAVED_SOURCE, PARQUET_SOURCE, WDS_SOURCE, write_vlm_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_PIXELS = 1_003_520  # recipes/vlm.yaml: 1,280 merged tokens at most an image

@@ -5,12 +5,12 @@ same rows in every format msd reads.
                                  [--group-rows 1024] [--passes 10] [--index-repeats 5]
                                  [--ks 1 8 32] [--out benchmarks/results]
 
-The rows are one `msd.synth.synth_table` source (random lowercase words, log-normal lengths
+The rows are one `msd.synth.text.synth_table` source (random lowercase words, log-normal lengths
 around ``--median-tokens``, σ = 1: by default the demo's ``web`` source, whose short rows show
 per-row costs; with the ``bytes`` transform a row's tokens are its UTF-8 bytes),
 ``--rows`` rows at size 1× and ``--rows × s`` at each size ``s`` of ``--sizes``, written as:
 
-  * Parquet (``msd.synth.write_parquet``: zstd, ``--group-rows`` rows per row group);
+  * Parquet (``msd.synth.text.write_parquet``: zstd, ``--group-rows`` rows per row group);
   * JSONL, JSONL.gz (level 6), JSONL.zst (level 3): ``{"id": …, "text": …}`` per line;
   * Arrow IPC stream (what ``datasets`` writes), a record batch per ``--group-rows`` rows;
   * Megatron ``.bin``/``.idx``: the text's UTF-8 bytes as uint16 token ids, by megatron-core's
@@ -71,7 +71,7 @@ from msd.roles.footprint import fix_mmap_threshold, keep_pandas_out
 from msd.sources.index import SourceIndex, open_source
 from msd.sources.read import RowGroupReader
 from msd.sources.transforms import make_transform
-from msd.synth import SynthSource, synth_table, write_parquet
+from msd.synth.text import SynthSource, synth_table, write_parquet
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20

@@ -53,8 +53,8 @@ import yaml
 from benchmarks.hf_trainer import load_example
 from msd.launch.local import LocalJob
 from msd.recipe.load import recipe_from_data
-from msd.synth import synth
-from msd.synth_vlm import write_vlm_sources
+from msd.synth.text import synth
+from msd.synth.vlm import write_vlm_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_ROOT = ROOT / "benchmarks" / "runs" / "gpu_overlap"

@@ -42,8 +42,8 @@ from msd.plan.hybrid_cost import HybridCost
 from msd.plan.placement import Shape, rank_loads
 from msd.sources.video import VideoHeader, VideoSpec, plan_video
 from msd.sources.vision import grid_thw
-from msd.synth import DEFAULT_SOURCES, sample_lengths
-from msd.synth_vlm import image_specs
+from msd.synth.text import DEFAULT_SOURCES, sample_lengths
+from msd.synth.vlm import image_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN = 16_384

@@ -44,7 +44,7 @@ from msd.recipe.load import load_recipe
 from msd.roles.loader.pick import NextRead
 from msd.roles.loader.shard import SourceShard
 from msd.sources.read import RowGroupReader
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 from msd.wire.protocol import Status
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ demo mixture (web / code / books, weights 0.5 / 0.3 / 0.2, ``repeat``), rows of 
 tokens, longer samples split. The points with 1,000 sources add 997 small ones (weight
 ``SMALL_WEIGHT`` each, lengths like the demo's): a step draws from a few dozen of them, and
 costs about what it costs with the three alone. The lookup reads the lengths from numpy arrays
-(``msd.synth.sample_lengths``) a chunk of draws at once (``many``), as the Planner's own does
+(``msd.synth.text.sample_lengths``) a chunk of draws at once (``many``), as the Planner's own does
 (``msd.roles.planner.reported``).
 
 For each point: plan a few steps to warm up, then time consecutive steps (``gc.collect()``
@@ -41,7 +41,7 @@ from msd.plan.cost import sample_cost
 from msd.plan.schedule import constant
 from msd.plan.step import PlannerState, StepPlan, StreamSpec, plan_step
 from msd.roles.planner.reported import FEW
-from msd.synth import DEFAULT_SOURCES, sample_lengths
+from msd.synth.text import DEFAULT_SOURCES, sample_lengths
 
 MIX = (0.5, 0.3, 0.2)
 POOLS = [sample_lengths(source) for source in DEFAULT_SOURCES]

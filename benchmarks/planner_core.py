@@ -37,7 +37,7 @@ from msd.plan.partition import loader_processes
 from msd.recipe.schema import Recipe
 from msd.roles.planner import core as core_module
 from msd.roles.planner.core import PlannerCore
-from msd.synth import DEFAULT_SOURCES, sample_lengths
+from msd.synth.text import DEFAULT_SOURCES, sample_lengths
 from msd.wire.keys import create_keys
 from msd.wire.protocol import PROTOCOL_VERSION, Hello, Message, Meta, Progress, Want, encode
 

@@ -37,7 +37,7 @@ from msd.recipe.schema import Recipe
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader
 from msd.sources.transforms import make_transform
-from msd.synth import synth, train_tokenizer
+from msd.synth.text import synth, train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -32,7 +32,7 @@ from msd.launch.listing import pin_files
 from msd.plan.partition import loader_processes
 from msd.recipe.load import load_recipe
 from msd.recipe.schema import ConstructorOptions, Recipe
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 from msd.wire import transport
 from msd.wire.protocol import Status, StatusRequest, Stop
 

@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from msd.synth import synth as write_demo_sources
-from msd.synth import train_tokenizer
-from msd.synth_chat import DEFAULT_CONVERSATIONS, TOKENIZER_DIR, write_chat_sources
-from msd.synth_video import DEFAULT_VIDEOS, write_video_sources
-from msd.synth_vlm import DEFAULT_SAMPLES, write_vlm_sources
+from msd.synth.chat import DEFAULT_CONVERSATIONS, TOKENIZER_DIR, write_chat_sources
+from msd.synth.text import synth as write_demo_sources
+from msd.synth.text import train_tokenizer
+from msd.synth.video import DEFAULT_VIDEOS, write_video_sources
+from msd.synth.vlm import DEFAULT_SAMPLES, write_vlm_sources
 
 from .common import console, err_console, user_errors
 

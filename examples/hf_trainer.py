@@ -35,9 +35,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 import msd
+from msd.batch.pack import IGNORE_INDEX
 from msd.errors import MsdError
 from msd.integrations.transformers import MsdTrainer, load_data_state, trained_labels
-from msd.pack import IGNORE_INDEX
 from msd.trainer.demo import batch_digest
 
 log = logging.getLogger("hf_trainer")

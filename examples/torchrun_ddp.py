@@ -42,8 +42,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import msd
+from msd.batch.pack import IGNORE_INDEX  # the label of "no next token here": sample ends, padding
 from msd.errors import MsdError
-from msd.pack import IGNORE_INDEX  # the label of "no next token here": sample ends, padding
 from msd.trainer.demo import batch_digest
 
 log = logging.getLogger("torchrun_ddp")

@@ -4,7 +4,7 @@ shows it).
 
 A row holds samples back to back, then padding: ``cu_seqlens`` marks every sample and every
 padding run, and ``sample_ids`` / ``source_ids`` / ``sample_offsets`` list the samples in row
-order (``msd.pack``). A token is trained when the label before it predicts it (``labels`` are
+order (``msd.batch.pack``). A token is trained when the label before it predicts it (``labels`` are
 shifted), so a sample's first token never is, nor a placeholder, nor an untrained chat turn.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from msd.pack import IGNORE_INDEX, PAD_ID
+from msd.batch.pack import IGNORE_INDEX, PAD_ID
 
 # ids of one sample (or a run of its tokens) → its text
 Detokenize = Callable[[Sequence[int]], str]

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 from tests.s3 import server as s3server
 from tests.stores import Bucket, registry
 from tests.stores import process as emulators

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from msd.synth import SynthSource, synth
-from msd.synth_vlm import write_vlm_sources
+from msd.synth.text import SynthSource, synth
+from msd.synth.vlm import write_vlm_sources
 
 SOURCES = (
     SynthSource("web", median_tokens=40, sigma=0.8, max_tokens=700, num_samples=120),

@@ -12,7 +12,7 @@ prefetch_factor=2, persistent_workers=True)``. Every worker of every rank:
   they read a source as often as one reader would;
 * draws each next sample's source by weight with its own seeded generator, tokenizes it with
   msd's ``bytes`` transform, and packs its rank's micro-batch first fit (``packing.py``);
-* collates with ``msd.pack.pack_rows``, so the tensors are the ones msd delivers.
+* collates with ``msd.batch.pack.pack_rows``, so the tensors are the ones msd delivers.
 
 At start a worker reads the first row group of every source (as it will hold them all soon
 after): its memory is then at its steady level, and that reading falls in start-up, not in the
@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from benchmarks.dataloader.packing import Item, MicroBatchPacker, split_long
-from msd.pack import pack_rows
+from msd.batch.pack import pack_rows
 from msd.recipe.schema import Transform
 from msd.sources.formats.parquet import READ_BUFFER_BYTES
 from msd.sources.transforms import Tokenize, make_transform

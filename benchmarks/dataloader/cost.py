@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from benchmarks.dataloader.data import BenchSource
 from benchmarks.dataloader.packing import Item, MicroBatchPacker, segment_lengths, split_long
-from msd.synth import DEFAULT_SOURCES, sample_lengths
+from msd.synth.text import DEFAULT_SOURCES, sample_lengths
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The benchmark's sources: S synthetic Parquet sources ``s0000, s0001, ...``, long-tail lengths.
 
-Sources cycle through the three shapes of ``msd.synth.DEFAULT_SOURCES`` (log-normal lengths with
-median 200, 1000 and 4000 tokens), since real mixtures differ mostly in their length
+Sources cycle through the three shapes of ``msd.synth.text.DEFAULT_SOURCES`` (log-normal lengths
+with median 200, 1000 and 4000 tokens), since real mixtures differ mostly in their length
 distributions. A row group holds about ``rg_bytes`` of decoded text (its row count comes from the
 shape's mean length), and every source holds about ``source_bytes`` in one file, so S=1024 stays
 a few GB on disk. All sources have weight 1 (an equal mix), the same for both systems.
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from msd.synth import DEFAULT_SOURCES, SynthSource, sample_lengths, synth
+from msd.synth.text import DEFAULT_SOURCES, SynthSource, sample_lengths, synth
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_ROOT = ROOT / "benchmarks" / "runs" / "dataloader-data"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msd.pack import Piece
+from msd.batch.pack import Piece
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ persistent_workers=True)``, and every worker of every rank
   decoded once with PyAV by ``msd.sources.video`` with the recipe's ``video:`` rules (the same
   frames sampled, the same resize and patches), ``patches / merge²`` placeholder tokens;
 * packs its rank's micro-batch first fit (``packing.py``; ``truncate``) and collates with
-  ``msd.pack.pack_rows``, so the tensors (``pixel_values_videos``, ``video_grid_thw``,
+  ``msd.batch.pack.pack_rows``, so the tensors (``pixel_values_videos``, ``video_grid_thw``,
   ``video_cu_seqlens``, ...) are the ones msd delivers.
 
 Nothing balances cost across ranks.
@@ -35,7 +35,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from benchmarks.dataloader.baseline import DRAWS_PER_CALL
 from benchmarks.dataloader.vlm_baseline import Sample, VlmPacker
-from msd.pack import VideoOutput, pack_rows
+from msd.batch.pack import VideoOutput, pack_rows
 from msd.recipe.schema import Transform, Video, Vision
 from msd.sources.fuse import Fuser, FuseSpec, geometry_of, video_spec_of
 from msd.sources.image_rows import rows_of

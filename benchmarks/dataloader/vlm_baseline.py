@@ -13,7 +13,7 @@ persistent_workers=True)``, and every worker of every rank
   decoded by ``msd.sources.vision.decode`` with the recipe's geometry (Pillow, Qwen2-VL resize,
   uint8 patches), a run of ``patches / merge²`` placeholder tokens at its marker;
 * packs its rank's micro-batch first fit (``packing.py``; a sample with images is never split,
-  ``truncate`` cut it to ``seq_len``) and collates with ``msd.pack.pack_rows``, so the tensors
+  ``truncate`` cut it to ``seq_len``) and collates with ``msd.batch.pack.pack_rows``, so the tensors
   (``pixel_values``, ``image_grid_thw``, ``vision_cu_seqlens``, ...) are the ones msd delivers.
 
 Nothing balances cost across ranks.
@@ -36,9 +36,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from benchmarks.dataloader.baseline import DRAWS_PER_CALL
 from benchmarks.dataloader.packing import Item, MicroBatchPacker
-from msd.pack import Piece, pack_rows
+from msd.batch.pack import Piece, pack_rows
+from msd.batch.sample import SampleImages
 from msd.recipe.schema import Transform, Vision
-from msd.sample import SampleImages
 from msd.sources.formats.parquet import READ_BUFFER_BYTES
 from msd.sources.fuse import Fuser, FuseSpec, geometry_of
 from msd.sources.image_rows import rows_of

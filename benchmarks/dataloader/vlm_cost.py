@@ -22,7 +22,7 @@ import numpy.typing as npt
 from benchmarks.dataloader.cost import CostModel, sequence_lengths
 from benchmarks.dataloader.packing import Item, MicroBatchPacker, segment_lengths
 from benchmarks.dataloader.vlm_data import VlmSource
-from msd.pack import PAD_ID
+from msd.batch.pack import PAD_ID
 from msd.sources.vision import ImageGeometry, grid_thw
 
 

@@ -2,7 +2,7 @@
 
 Even sources are image captions (``image``: the Hugging Face Image struct ``{bytes, path}``, one
 per row; ``text``: its caption), odd ones interleaved documents (``images``: a list of 1-5 Image
-structs; ``text`` with one ``<image>`` marker per image), both as ``msd.synth_vlm`` writes them
+structs; ``text`` with one ``<image>`` marker per image), both as ``msd.synth.vlm`` writes them
 (its ``render``/``encode``/``interleave``), each source with its own seed. Images are the demo's
 sizes and aspect ratios scaled down (long side median ``median_side``, at most ``max_side``) so
 that decoding stays cheap on a small machine; a source holds about ``images`` images in one file
@@ -38,8 +38,8 @@ import pyarrow as pa
 from benchmarks.dataloader.data import DATA_ROOT
 from msd.sources.index import source_key
 from msd.sources.vision import EncodedImage, probe
-from msd.synth import write_parquet
-from msd.synth_vlm import (
+from msd.synth.text import write_parquet
+from msd.synth.vlm import (
     IMAGE_MARKER,
     IMAGE_TYPE,
     MAX_IMAGES_PER_DOCUMENT,
@@ -171,7 +171,7 @@ def scaled_specs(rng: np.random.Generator, n: int, spec: VlmDataSpec) -> list[Im
 def rendered_images(
     rng: np.random.Generator, n: int, spec: VlmDataSpec, index: int
 ) -> list[RealImage]:
-    """``n`` synthetic images (``msd.synth_vlm.render``) in the scaled demo sizes."""
+    """``n`` synthetic images (``msd.synth.vlm.render``) in the scaled demo sizes."""
     out = []
     for k, image in enumerate(scaled_specs(rng, n, spec)):
         data, caption = render(image, np.random.default_rng([spec.seed, index, 1, k]))

@@ -5,7 +5,7 @@ samples Streaming gives it (its share of the epoch, shuffled, mixed by the strea
 proportions), tokenizes each the way msd's ``bytes`` transform does (the UTF-8 bytes are the
 ids; MDS ``str`` columns come back decoded, so they are encoded again), splits samples longer
 than ``seq_len``, packs ``rows`` rows first fit (``packing.py``) and collates with
-``msd.pack.pack_rows``: the tensors are the ones msd delivers. Nothing balances cost across
+``msd.batch.pack.pack_rows``: the tensors are the ones msd delivers. Nothing balances cost across
 ranks: Streaming has no notion of it.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.dataloader.packing import Item, MicroBatchPacker, split_long
 from benchmarks.streaming_peer.lib import StreamingDataset
-from msd.pack import pack_rows
+from msd.batch.pack import pack_rows
 
 TEXT_COLUMN = "text"
 _ID_KEY = "__sample_id"

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from msd.batch.sample import PIXEL_KEYS
 from msd.errors import LaunchError
-from msd.sample import PIXEL_KEYS
 from msd.wire import compact
 
 IGNORE_INDEX = compact.IGNORE_INDEX

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from msd.batch.sample import PIXEL_KEYS
 from msd.client.base import Reader
-from msd.sample import PIXEL_KEYS
 from msd.wire import compact
 
 

@@ -17,7 +17,7 @@ megatron-core's ``PackedSeqParams``). An msd batch already holds most of it; wha
   offsets over those tokens.
 
 With context parallelism (``cp_size`` > 1) msd has already given each CP rank its
-load-balanced slice of every sequence (``msd.shard``), the slice Megatron's
+load-balanced slice of every sequence (``msd.batch.cp_slice``), the slice Megatron's
 ``get_thd_batch_on_this_cp_rank`` would cut; the sequences' offsets are then the whole
 sequences', ``cp_size`` times msd's local ones. A pipeline stage gets only the tensors it uses:
 the ones a batch lacks come back as None (a middle stage: all but ``packed_seq_params`` and,

@@ -36,10 +36,10 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from msd.batch.pack import IGNORE_INDEX
 from msd.client import Client
 from msd.errors import CheckpointError, LaunchError
 from msd.jobdir import atomic_write
-from msd.pack import IGNORE_INDEX
 
 __all__ = [
     "DATA_STATE_NAME",

@@ -33,8 +33,8 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
+from msd.batch.sample import FILLER, EncodedImages, SampleImages
 from msd.recipe.schema import Clip, Recipe, Source, Video, Vision
-from msd.sample import FILLER, EncodedImages, SampleImages
 from msd.sources import video as videos
 from msd.sources.chat import Conversations
 from msd.sources.chat_rows import LEFT_OUT as CHAT_LEFT_OUT

@@ -30,7 +30,7 @@ import numpy as np
 
 from msd.errors import ProtocolError
 
-IGNORE_INDEX = -100  # msd.pack's; kept here so the wire does not depend on packing
+IGNORE_INDEX = -100  # msd.batch.pack's; kept here so the wire does not depend on packing
 
 # Frame names: a tensor travels as itself (perhaps narrowed), or as parts named NAME/PART.
 LABEL_PARTS = ("labels/ignored", "labels/at", "labels/values")

@@ -266,7 +266,7 @@ def _chat_files(root: Path, first: list[Any]) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from msd.synth_chat import TOKENIZER_DIR, write_chat_tokenizer
+    from msd.synth.chat import TOKENIZER_DIR, write_chat_tokenizer
 
     write_chat_tokenizer(root / TOKENIZER_DIR, ["hello there", "how are you", "fine thanks"])
     good = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]

@@ -26,15 +26,15 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from msd.pack import IGNORE_INDEX, PAD_ID
-from msd.synth import SynthSource, synth
-from msd.synth_chat import (
+from msd.batch.pack import IGNORE_INDEX, PAD_ID
+from msd.synth.chat import (
     LLAVA_SOURCE,
     MESSAGES_SOURCE,
     SHAREGPT_SOURCE,
     TOKENIZER_DIR,
     write_chat_sources,
 )
+from msd.synth.text import SynthSource, synth
 from tests.conftest import (
     assert_launch_ok,
     processes_of_launcher,

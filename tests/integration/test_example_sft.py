@@ -31,8 +31,8 @@ import torch.distributed as dist
 import yaml
 from torch.utils.data import DataLoader, Dataset
 
-from msd.synth import SynthSource, synth
-from msd.synth_chat import MESSAGES_SOURCE, SHAREGPT_SOURCE, TOKENIZER_DIR, write_chat_sources
+from msd.synth.chat import MESSAGES_SOURCE, SHAREGPT_SOURCE, TOKENIZER_DIR, write_chat_sources
+from msd.synth.text import SynthSource, synth
 from tests.conftest import assert_launch_ok, start_launch
 from tests.integration.test_convergence import Key, keys, load_example, run_reference
 from tests.integration.test_conversations import conversations, hf_tokenizer

@@ -23,13 +23,13 @@ import pytest
 import torch
 import yaml
 
-from msd.pack import Piece, VideoOutput, pack_rows
+from msd.batch.pack import Piece, VideoOutput, pack_rows
+from msd.batch.sample import SampleImages
 from msd.recipe.schema import Video, Vision, from_json
-from msd.sample import SampleImages
 from msd.sources.vision import ImageGeometry, patchify
-from msd.synth import SynthSource, synth
-from msd.synth_video import write_video_sources
-from msd.synth_vlm import write_vlm_sources
+from msd.synth.text import SynthSource, synth
+from msd.synth.video import write_video_sources
+from msd.synth.vlm import write_vlm_sources
 from tests.conftest import assert_launch_ok, processes_of_launcher, start_launch
 from tests.integration.test_example_vlm import EXAMPLE, load_example
 
@@ -168,8 +168,8 @@ def sample_tokens(rng: np.random.Generator, parts: list[Part]) -> tuple[np.ndarr
 
 
 def packed_batch(rng: np.random.Generator, seq_len: int) -> tuple[dict[str, torch.Tensor], Made]:
-    """msd's batch of SAMPLES (``msd.pack.pack_rows``, as the Constructor builds it), packed into
-    rows of ``seq_len`` in order; and each sample's start in the flattened rows, tokens and
+    """msd's batch of SAMPLES (``msd.batch.pack.pack_rows``, as the Constructor builds it), packed
+    into rows of ``seq_len`` in order; and each sample's start in the flattened rows, tokens and
     items. A video patch takes two image-patch rows on the way, as from a loader."""
     rows: list[list[Piece]] = [[]]
     made: Made = []

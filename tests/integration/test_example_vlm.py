@@ -21,11 +21,11 @@ import torch
 import yaml
 from tokenizers import Tokenizer, models
 
-from msd.pack import Piece, pack_rows
+from msd.batch.pack import Piece, pack_rows
+from msd.batch.sample import SampleImages
 from msd.recipe.schema import Vision, from_json
-from msd.sample import SampleImages
-from msd.synth import SynthSource, synth
-from msd.synth_vlm import write_vlm_sources
+from msd.synth.text import SynthSource, synth
+from msd.synth.vlm import write_vlm_sources
 from tests.conftest import assert_launch_ok, start_launch
 
 # The launch runs in the module fixture, in its first test's time: 20-50 s on a shared 2-core
@@ -167,8 +167,8 @@ Made = list[tuple[int, np.ndarray, list[tuple[int, int, int]]]]
 def packed_batch(
     rng: np.random.Generator, samples: list[list[int | tuple[int, int, int]]], seq_len: int
 ) -> tuple[dict[str, torch.Tensor], Made]:
-    """msd's batch (``msd.pack.pack_rows``, as the Constructor builds it) of the samples, packed
-    into rows of ``seq_len`` in order; and each sample's start in the flattened rows, tokens
+    """msd's batch (``msd.batch.pack.pack_rows``, as the Constructor builds it) of the samples,
+    packed into rows of ``seq_len`` in order; and each sample's start in the flattened rows, tokens
     and grids."""
     rows: list[list[Piece]] = [[]]
     made: Made = []

@@ -18,7 +18,7 @@ import pytest
 from msd.launch.job import Outcome
 from msd.launch.local import LocalJob
 from msd.recipe.load import load_recipe
-from msd.synth import SynthSource, synth_table
+from msd.synth.text import SynthSource, synth_table
 from tests.conftest import processes_of_launcher, read_rank_logs
 from tests.s3.server import S3Bucket
 

@@ -27,7 +27,7 @@ from msd.sources.read import RowGroupReader
 from msd.sources.storage import Store
 from msd.sources.stores import azure as azure_store
 from msd.sources.stores import gcs as gcs_store
-from msd.synth_vlm import WDS_SOURCE, write_captions_wds
+from msd.synth.vlm import WDS_SOURCE, write_captions_wds
 from tests.conftest import SMALL_SOURCES, run_msd, set_env
 from tests.integration.test_s3 import digests, launch, recipe
 from tests.stores import Bucket, registry

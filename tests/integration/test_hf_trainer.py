@@ -24,9 +24,9 @@ import torch
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
+from msd.batch.pack import IGNORE_INDEX
 from msd.errors import CheckpointError, LaunchError
 from msd.integrations.transformers import MsdTrainer, load_data_state, next_token_loss
-from msd.pack import IGNORE_INDEX
 from tests.conftest import (
     LaunchFailed,
     assert_launch_ok,

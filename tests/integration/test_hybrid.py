@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import yaml
 
+from msd.batch.cp_slice import unzigzag
 from msd.launch.job import Outcome
 from msd.launch.local import LocalJob
 from msd.plan.topology import Coords, Topology
 from msd.recipe.load import load_recipe
-from msd.shard import unzigzag
-from msd.synth import synth, synth_table
+from msd.synth.text import synth, synth_table
 from tests.conftest import SMALL_SOURCES, base_recipe, processes_of_launcher, read_rank_logs
 
 SEQ = 512

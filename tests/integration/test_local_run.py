@@ -15,7 +15,7 @@ from msd.launch import procs
 from msd.launch.job import Outcome
 from msd.launch.local import LocalJob
 from msd.recipe.load import load_recipe
-from msd.synth import synth_table
+from msd.synth.text import synth_table
 from tests.conftest import SMALL_SOURCES, base_recipe, processes_of_launcher, read_rank_logs
 
 

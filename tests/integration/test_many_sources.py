@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 from tests.conftest import run_msd, start_launch
 
 SOURCES = 80

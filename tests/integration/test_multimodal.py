@@ -32,8 +32,8 @@ from PIL import Image
 
 from msd.jobdir import JobDir
 from msd.sources.vision import ImageGeometry, decode
-from msd.synth import SynthSource, synth
-from msd.synth_vlm import write_vlm_sources
+from msd.synth.text import SynthSource, synth
+from msd.synth.vlm import write_vlm_sources
 from tests.conftest import (
     assert_launch_ok,
     processes_of_launcher,

@@ -14,7 +14,7 @@ from PIL import Image
 from msd.launch.local import LocalJob
 from msd.recipe.load import load_recipe
 from msd.sources.vision import RESAMPLE, ImageGeometry, fit
-from msd.synth_vlm import write_captions_parquet
+from msd.synth.vlm import write_captions_parquet
 from tests.conftest import base_recipe, run_msd
 
 STEP, RANK = 2, 1

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from msd.synth import synth, train_tokenizer
-from msd.synth_chat import write_chat_sources
-from msd.synth_video import write_video_sources
-from msd.synth_vlm import write_vlm_sources
+from msd.synth.chat import write_chat_sources
+from msd.synth.text import synth, train_tokenizer
+from msd.synth.video import write_video_sources
+from msd.synth.vlm import write_vlm_sources
 from tests.conftest import SMALL_SOURCES, run_msd
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from msd.synth_chat import (
+from msd.synth.chat import (
     LLAVA_SOURCE,
     MESSAGES_SOURCE,
     SHAREGPT_SOURCE,

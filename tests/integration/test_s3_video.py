@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from msd.synth_video import PARQUET_SOURCE, WDS_SOURCE, write_video_sources
+from msd.synth.video import PARQUET_SOURCE, WDS_SOURCE, write_video_sources
 from tests.conftest import run_msd
 from tests.integration.test_multimodal import digests, launch
 from tests.s3.server import S3Bucket

@@ -23,7 +23,7 @@ from msd.sources.index import SourceIndex, cache_dir, open_source
 from msd.sources.read import RowGroupReader, Unavailable
 from msd.sources.storage import Store
 from msd.sources.webdataset import _spans, load_or_build_index, read_member, read_members
-from msd.synth_vlm import WDS_SOURCE, write_captions_wds
+from msd.synth.vlm import WDS_SOURCE, write_captions_wds
 from tests.s3.server import S3Bucket
 
 SAMPLES = 24

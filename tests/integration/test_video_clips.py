@@ -28,7 +28,7 @@ from msd.recipe.schema import Video, Vision
 from msd.sources import video as videos
 from msd.sources.clips import ClipRule, clip_count, clip_window
 from msd.sources.fuse import video_spec_of
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 from tests.conftest import read_rank_logs
 from tests.integration.test_multimodal import digests, launch
 from tests.videos import decode_all, encode, write_tar

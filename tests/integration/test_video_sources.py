@@ -36,9 +36,9 @@ from msd.jobdir import JobDir
 from msd.recipe.schema import Video, Vision
 from msd.sources import video as videos
 from msd.sources.fuse import video_spec_of
-from msd.synth import SynthSource, synth
-from msd.synth_video import write_video_sources
-from msd.synth_vlm import write_vlm_sources
+from msd.synth.text import SynthSource, synth
+from msd.synth.video import write_video_sources
+from msd.synth.vlm import write_vlm_sources
 from tests.conftest import (
     assert_launch_ok,
     processes_of_launcher,

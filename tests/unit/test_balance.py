@@ -17,7 +17,7 @@ from msd.plan.balance import (
 )
 from msd.plan.cost import sample_cost
 from msd.plan.placement import Shape
-from msd.synth import DEFAULT_SOURCES, sample_lengths
+from msd.synth.text import DEFAULT_SOURCES, sample_lengths
 
 ROW = 64  # row_tokens in the property tests
 

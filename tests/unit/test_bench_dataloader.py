@@ -17,7 +17,7 @@ from benchmarks.dataloader.baseline import MixedParquetStream, StreamConfig
 from benchmarks.dataloader.data import Dataset, DataSpec, ensure_data
 from benchmarks.dataloader.memfit import BASELINE_TERMS, fit, term_value
 from benchmarks.dataloader.packing import Item, MicroBatchPacker
-from msd.pack import Piece, pack_rows
+from msd.batch.pack import Piece, pack_rows
 
 Batch = dict[str, torch.Tensor]
 

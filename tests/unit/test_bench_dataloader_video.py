@@ -36,9 +36,9 @@ from benchmarks.dataloader.video_data import (
     ensure_video_data,
 )
 from benchmarks.dataloader.vlm_cost import batch_costs
-from msd.pack import Piece, pack_rows
+from msd.batch.pack import Piece, pack_rows
+from msd.batch.sample import SampleImages
 from msd.recipe.load import load_recipe
-from msd.sample import SampleImages
 from msd.sources import video as videos
 from msd.sources.fuse import video_spec_of
 

@@ -20,9 +20,9 @@ from benchmarks.dataloader.vlm_baseline import (
 )
 from benchmarks.dataloader.vlm_cost import batch_costs, mean_rank_cost, sample_shapes
 from benchmarks.dataloader.vlm_data import VlmDataset, VlmDataSpec, ensure_vlm_data
-from msd.pack import Piece, pack_rows
+from msd.batch.pack import Piece, pack_rows
+from msd.batch.sample import SampleImages
 from msd.recipe.schema import Vision
-from msd.sample import SampleImages
 from msd.sources.fuse import geometry_of
 from msd.sources.vision import DecodedImage, decode
 

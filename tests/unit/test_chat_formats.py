@@ -21,7 +21,7 @@ from msd.sources.image_rows import ImageRowReader
 from msd.sources.index import open_source
 from msd.sources.read import RowGroupReader
 from msd.sources.vision import ImageGeometry
-from msd.synth_chat import TOKENIZER_DIR, write_chat_tokenizer
+from msd.synth.chat import TOKENIZER_DIR, write_chat_tokenizer
 
 CHATS = [
     [

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from msd.batch.cp_slice import cp_slice
+from msd.batch.pack import Piece, pack_rows
+from msd.batch.sample import FILLER, SampleImages
 from msd.errors import ProtocolError
-from msd.pack import Piece, pack_rows
-from msd.sample import FILLER, SampleImages
-from msd.shard import cp_slice
 from msd.wire.compact import decode, encode, narrowed
 
 IMAGE_TOKEN = 7

@@ -106,7 +106,8 @@ def get(core: ConstructorCore, rank: int, step: int, consumed: int) -> list[Sent
 
 
 def tensors(sent: Sent) -> dict[str, np.ndarray]:
-    """The tensors a trainer gets from a ``Batch`` the core sent (as ``msd.reader`` reads it)."""
+    """The tensors a trainer gets from a ``Batch`` the core sent (as ``msd.client.base`` reads
+    it)."""
     _, batch, buffers = sent
     assert isinstance(batch, proto.Batch)
     data = np.asarray(buffers[0]).view(np.uint8)

@@ -8,7 +8,7 @@ from msd.plan.schedule import schedule_of
 from msd.plan.spec import stream_spec
 from msd.plan.step import EndOfStream, PlannerState, plan_step
 from msd.recipe.load import load_recipe
-from msd.synth import DEFAULT_SOURCES, sample_lengths
+from msd.synth.text import DEFAULT_SOURCES, sample_lengths
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 

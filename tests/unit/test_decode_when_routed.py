@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from msd.sample import EncodedImages, SampleImages
+from msd.batch.sample import EncodedImages, SampleImages
 from msd.sources.fuse import DAMAGED, UNDECODABLE, Fuser, FuseSpec
 from msd.sources.image_rows import ROW_TYPE, rows_of
 from msd.sources.transforms import text_bytes

@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from msd.batch.cp_slice import cp_slice
+from msd.batch.pack import pack_rows
 from msd.client import Client, device
 from msd.errors import LaunchError
-from msd.pack import pack_rows
-from msd.shard import cp_slice
 from msd.wire import compact
 from tests.unit.test_compact import ALL_TENSORS, packed_rows
 

@@ -20,7 +20,7 @@ from msd.sources.fuse import Fuser, FuseSpec
 from msd.sources.image_rows import rows_of
 from msd.sources.transforms import boundaries, make_transform
 from msd.sources.vision import ImageGeometry
-from msd.synth import END_OF_TEXT, SynthSource, train_tokenizer
+from msd.synth.text import END_OF_TEXT, SynthSource, train_tokenizer
 
 BOS, EOS = 300, 301
 

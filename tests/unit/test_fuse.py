@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from msd.sample import FILLER, SampleImages
+from msd.batch.sample import FILLER, SampleImages
 from msd.sources.fuse import (
     CUT_TOKENS,
     NO_BYTES,

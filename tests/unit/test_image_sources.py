@@ -27,7 +27,7 @@ from msd.sources.index import RowGroup, SourceIndex, open_source
 from msd.sources.read import RowGroupReader
 from msd.sources.transforms import text_bytes
 from msd.sources.vision import ImageGeometry
-from msd.synth_vlm import (
+from msd.synth.vlm import (
     IMAGE_MARKER,
     IMAGE_TYPE,
     INTERLEAVED_SOURCE,

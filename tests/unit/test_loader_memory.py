@@ -19,7 +19,7 @@ from msd.roles.loader.payload import token_buffer
 from msd.roles.loader.shard import SourceShard
 from msd.roles.loader.visit import MIN_WINDOW_BYTES, WINDOW_BYTES, window_bytes
 from msd.sources.read import RowGroupReader
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 from msd.wire import compact
 
 ROW_GROUP_ROWS = 2000  # about 2 MB of text: a realistic row group

@@ -15,7 +15,7 @@ from msd.recipe.schema import Recipe
 from msd.roles.loader.budget import shard_bytes
 from msd.roles.loader.shard import SourceShard
 from msd.sources.read import RowGroupReader
-from msd.synth_vlm import INTERLEAVED_SOURCE, write_vlm_sources
+from msd.synth.vlm import INTERLEAVED_SOURCE, write_vlm_sources
 
 
 @pytest.fixture(scope="module")

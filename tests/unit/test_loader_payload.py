@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from msd.batch.sample import EncodedImages, SampleImages
 from msd.roles.loader.payload import image_fields, patches_of
-from msd.sample import EncodedImages, SampleImages
 from msd.wire.protocol import Payload, decode, encode
 
 WIDTH = 3 * 14 * 14  # an image patch's values

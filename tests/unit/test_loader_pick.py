@@ -17,7 +17,7 @@ from msd.roles.loader.outage import Outage
 from msd.roles.loader.pick import NextRead
 from msd.roles.loader.shard import SourceShard
 from msd.sources.read import RowGroupReader
-from msd.synth import SynthSource, synth
+from msd.synth.text import SynthSource, synth
 
 SOURCES = 8
 

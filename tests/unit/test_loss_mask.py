@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from msd.batch.cp_slice import cp_slice
+from msd.batch.pack import IGNORE_INDEX, Piece, pack_rows
 from msd.client import device
 from msd.errors import ProtocolError
-from msd.pack import IGNORE_INDEX, Piece, pack_rows
-from msd.shard import cp_slice
 from msd.wire import compact
 from msd.wire.protocol import Payload, decode, encode, trained_spans
 from msd.wire.relay import split_payload

@@ -1,6 +1,6 @@
 """``msd.integrations.megatron``: msd's packed batches as megatron-core expects them.
 
-Batches are made as the Constructor makes them (``msd.pack.pack_rows``), cross the wire format
+Batches are made as the Constructor makes them (``msd.batch.pack.pack_rows``), cross the wire format
 (``msd.wire.compact``) and come back as the Client's CPU tensors
 (``msd.client.device.cpu_tensors``).
 The references are megatron-core's own: its GPT dataset's masks and positions for documents
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
+from msd.batch.cp_slice import cp_slice
+from msd.batch.pack import Piece, pack_rows
 from msd.client import device
 from msd.integrations.megatron import IGNORE_INDEX, get_batch, megatron_batch
-from msd.pack import Piece, pack_rows
-from msd.shard import cp_slice
 from msd.wire import compact
 
 pytest.importorskip("megatron.core")

@@ -1,6 +1,6 @@
 import numpy as np
 
-from msd.pack import IGNORE_INDEX, Piece, pack_rows
+from msd.batch.pack import IGNORE_INDEX, Piece, pack_rows
 
 
 def test_packed_rows_keep_samples_apart():
@@ -23,7 +23,7 @@ def test_a_full_row_has_no_padding_segment():
 
 
 def test_images_come_in_row_order_and_placeholders_and_fillers_are_never_predicted() -> None:
-    from msd.sample import FILLER, SampleImages
+    from msd.batch.sample import FILLER, SampleImages
 
     img = 9000
     a = SampleImages(np.full((8, 6), 1, np.uint8), ((1, 2, 4),))  # 8 patches: 2 tokens

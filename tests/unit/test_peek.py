@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from msd.pack import Piece, pack_rows
+from msd.batch.pack import Piece, pack_rows
 from msd.peek import (
     Placeholders,
     as_json,

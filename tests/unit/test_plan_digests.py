@@ -37,7 +37,7 @@ from msd.plan.step import (
     StreamSpec,
     plan_step,
 )
-from msd.synth import DEFAULT_SOURCES, sample_lengths
+from msd.synth.text import DEFAULT_SOURCES, sample_lengths
 
 RECORDED = Path(__file__).with_name("plan_digests.json")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from msd.pack import Piece, pack_rows
+from msd.batch.pack import Piece, pack_rows
+from msd.batch.sample import SampleImages
 from msd.plan.topology import Coords, Topology
 from msd.roles.constructor.ready import Names, Ready
-from msd.sample import SampleImages
 from msd.wire import compact
 from msd.wire.protocol import TensorSpec, frame_offsets
 

@@ -11,7 +11,7 @@ import pytest
 
 from msd.recipe.schema import Source
 from msd.sources.index import open_source
-from msd.synth import DEFAULT_SOURCES, SynthSource, sample_lengths, synth
+from msd.synth.text import DEFAULT_SOURCES, SynthSource, sample_lengths, synth
 
 SMALL = (
     SynthSource("short", median_tokens=64, sigma=1.0, max_tokens=512, num_samples=3000),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from msd.synth_chat import (
+from msd.synth.chat import (
     LLAVA_SOURCE,
     MESSAGES_SOURCE,
     SHAREGPT_SOURCE,

@@ -18,11 +18,11 @@ from msd.cli.main import app
 from PIL import Image
 from typer.testing import CliRunner
 
-from msd.synth import SynthSource, synth, train_tokenizer
-from msd.synth_video import PARQUET_SOURCE as VIDEO_PARQUET
-from msd.synth_video import WDS_SOURCE as VIDEO_WDS
-from msd.synth_video import write_video_sources
-from msd.synth_vlm import (
+from msd.synth.text import SynthSource, synth, train_tokenizer
+from msd.synth.video import PARQUET_SOURCE as VIDEO_PARQUET
+from msd.synth.video import WDS_SOURCE as VIDEO_WDS
+from msd.synth.video import write_video_sources
+from msd.synth.vlm import (
     DEFAULT_SAMPLES,
     IMAGE_MARKER,
     INTERLEAVED_SOURCE,

@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from msd.pack import Piece, pack_rows
+from msd.batch.cp_slice import cp_slice
+from msd.batch.pack import Piece, pack_rows
 from msd.plan.topology import VISION, Coords, Topology
-from msd.shard import cp_slice
 
 sizes = st.integers(1, 4)
 

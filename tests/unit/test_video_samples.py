@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from msd.batch.pack import IGNORE_INDEX, Piece, VideoOutput, pack_rows
+from msd.batch.sample import SampleImages
 from msd.errors import ProtocolError
 from msd.launch.autopartition import plan_loaders
-from msd.pack import IGNORE_INDEX, Piece, VideoOutput, pack_rows
 from msd.recipe.checks import check_recipe
 from msd.recipe.schema import Recipe, Source, Video, Vision, stream_fingerprint
-from msd.sample import SampleImages
 from msd.sources import video as videos
 from msd.sources.fuse import (
     UNPAIRED_VIDEO,

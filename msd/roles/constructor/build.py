@@ -1,18 +1,18 @@
-"""Building one step's batches from its plan and payloads (no sockets): each data-parallel
-rank's rows packed (``msd.pack``), the context-parallel slices cut (``msd.shard``), and the
-frames laid out once per (DP rank, CP rank) for the ranks that read them (``ready``)."""
+"""Building one step's batches from its plan and payloads (no sockets): each data-parallel rank's
+rows packed (``msd.batch.pack``), the context-parallel slices cut (``msd.batch.cp_slice``), and
+the frames laid out once per (DP rank, CP rank) for the ranks that read them (``ready``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from msd.pack import Piece, VideoOutput, pack_rows
+from msd.batch.cp_slice import cp_slice
+from msd.batch.pack import Piece, VideoOutput, pack_rows
+from msd.batch.sample import SampleImages
 from msd.plan.spec import topology_of
 from msd.recipe.schema import Recipe
 from msd.roles.constructor.intake import Key, Sample
 from msd.roles.constructor.ready import Ready
-from msd.sample import SampleImages
-from msd.shard import cp_slice
 from msd.wire.protocol import Plan
 
 Group = tuple[int, int]  # (DP rank, CP rank): the ranks that read one copy of a step's batch

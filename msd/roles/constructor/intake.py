@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from msd.batch.sample import SampleImages
 from msd.recipe.schema import Recipe
-from msd.sample import SampleImages
 from msd.wire.protocol import Payload, PayloadLayout, trained_spans
 from msd.wire.rejects import Rejects
 

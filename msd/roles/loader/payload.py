@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from msd.sample import SampleImages
+from msd.batch.sample import SampleImages
 from msd.sources.fuse import Held
 from msd.wire import compact
 

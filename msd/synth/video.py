@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from msd.sources.index import source_key
-from msd.synth import OnFile, Wrote, counting, write_parquet
+from msd.synth.text import OnFile, Wrote, counting, write_parquet
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from msd.sources.index import source_key
-from msd.synth import OnFile, Wrote, counting, write_parquet
+from msd.synth.text import OnFile, Wrote, counting, write_parquet
 
 if TYPE_CHECKING:  # Pillow is imported where images are made: `msd` starts without it
     from PIL import Image

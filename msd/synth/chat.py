@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from msd.synth import END_OF_TEXT, write_parquet
+from msd.synth.text import END_OF_TEXT, write_parquet
 
 MESSAGES_SOURCE = "chat-messages"
 SHAREGPT_SOURCE = "chat-sharegpt"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msd.sample import FILLER, SampleImages
+from msd.batch.sample import FILLER, SampleImages
 
 IGNORE_INDEX = -100
 PAD_ID = 0

@@ -9,7 +9,7 @@ import numpy as np
 
 # A token that only holds a place: put before an image that would otherwise cross a row
 # boundary of a sample split into rows. Trainers never see it: it becomes padding with
-# ignored labels (``msd.pack``). Token ids are never negative.
+# ignored labels (``msd.batch.pack``). Token ids are never negative.
 FILLER = -1
 # The batch arrays that hold uint8 patches (images', videos'): what ``pixels="float"`` normalises.
 PIXEL_KEYS = ("pixel_values", "pixel_values_videos")

@@ -2,8 +2,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from msd.pack import Piece, pack_rows
-from msd.shard import cp_slice, unzigzag
+from msd.batch.cp_slice import cp_slice, unzigzag
+from msd.batch.pack import Piece, pack_rows
 
 
 @given(st.integers(1, 4), st.lists(st.integers(1, 30), min_size=1, max_size=6))
