@@ -196,7 +196,7 @@ class Sampler:
                     self.samples.append(sample)
 
     def _sample(self) -> dict[str, Any] | None:
-        from msd.control.client import request
+        from msd.control.planner_connection import request
         from msd.jobdir import JobDir
         from msd.wire.protocol import Status, StatusRequest
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from msd.control.status import fetch_view
+from msd.control.job_status import fetch_view
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
 from msd.wire.views import StatusView

@@ -23,7 +23,7 @@ import yaml
 
 from benchmarks import scale_nodes
 from benchmarks import scale_proc as proc
-from msd.control.client import planner_socket
+from msd.control.planner_connection import planner_socket
 from msd.jobdir import JobDir
 from msd.launch import procs
 from msd.launch.job import final_status

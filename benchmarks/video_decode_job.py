@@ -4,7 +4,7 @@ says it did.
 The job: one WebDataset source (the shards, ``video_exts: [mp4]``, one epoch), one loader
 process, the recipe's ``video:`` defaults (Qwen2-VL's), DP 1, the demo trainer without compute
 (``step_ms: 0``), so the loader decodes as fast as it can. While it runs, the Planner's status is
-read every ``POLL_S`` (`msd.control.status.fetch_view`, as ``msd status`` reads it): a loader's
+read every ``POLL_S`` (`msd.control.job_status.fetch_view`, as ``msd status`` reads it): a loader's
 ``Stats`` carries its process's CPU seconds and, in the same message, its source's seconds of
 video decoded and the CPU time of its probe and decode calls (``videos_by_source``). The rates
 are taken from the first status after its first videos to the first that shows them all: the
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from msd.control.status import fetch_view
+from msd.control.job_status import fetch_view
 from msd.errors import MsdError
 from msd.jobdir import JobDir
 from msd.sources.video import VideoSpec, plan_video, probe

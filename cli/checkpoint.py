@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from msd.control.client import request
+from msd.control.planner_connection import request
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
 from msd.wire.protocol import CheckpointTaken, TakeCheckpoint

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from msd.errors import LaunchError
 from msd.jobdir.history import load_history
-from msd.launch.autopartition import AutoPlan
+from msd.launch.auto_loaders import AutoPlan
 from msd.launch.job import INTERRUPTED, Job, summary
 from msd.launch.prepare import auto_loaders_line, new_job, prepare_launch
 from msd.launch.slurm_plan import submissions

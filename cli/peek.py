@@ -10,7 +10,7 @@ from rich.text import Text
 
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
-from msd.launch.autopartition import prepared
+from msd.launch.auto_loaders import prepared
 from msd.launch.check import check_sources
 from msd.launch.peek import Batch, peek_job, peek_recipe
 from msd.peek import (

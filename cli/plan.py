@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from msd.control.shortlist import SHOWN, shortlist
-from msd.launch.autopartition import AutoPlan, plan_loaders, prepared, resolve
+from msd.launch.auto_loaders import AutoPlan, plan_loaders, prepared, resolve
 from msd.launch.check import check_sources
 from msd.plan.partition import LoaderProcess, Placement, loader_processes, placements
 from msd.recipe.load import load_recipe

@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from msd.control.job_status import fetch_view, resolve_job, status_json
 from msd.control.shortlist import (
     SHOWN,
     process_first,
@@ -19,7 +20,6 @@ from msd.control.shortlist import (
     source_first,
     sources_left,
 )
-from msd.control.status import fetch_view, resolve_job, status_json
 from msd.jobdir import JobDir
 
 from .common import RunsOption, console, user_errors

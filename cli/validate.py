@@ -12,9 +12,9 @@ from rich.text import Text
 
 from msd.control.shortlist import SHOWN, shortlist
 from msd.errors import MsdError
-from msd.launch.autopartition import prepared
+from msd.launch.auto_loaders import prepared
 from msd.launch.check import SourceSummary, check_sources
-from msd.launch.long_samples import long_sample_warnings
+from msd.launch.long_sample_warnings import long_sample_warnings
 from msd.plan.advice import count_processes, too_many_loaders
 from msd.recipe.hints import missing_eos
 from msd.recipe.load import load_recipe

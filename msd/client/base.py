@@ -315,7 +315,9 @@ class _Fetcher(Generic[T]):
     def _rewind(self, step: int, endpoint: Published) -> _Result[T] | _Reconnect:
         """Step ``step`` was consumed already (the trainer restored an earlier checkpoint): ask
         the Planner to restart the data plane there, and wait for it."""
-        from msd.control.client import planner_socket  # the control plane, on this rare path
+        from msd.control.planner_connection import (
+            planner_socket,  # the control plane, on this rare path
+        )
 
         log.info("rank %d: step %d was consumed already; rewinding the data plane", self.rank, step)
         sock = planner_socket(self.job, timeout_s=10.0)

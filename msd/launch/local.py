@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from msd.control.client import planner_socket
+from msd.control.planner_connection import planner_socket
 from msd.errors import LaunchError
 from msd.jobdir import REWIND_EXIT, constructor_endpoint_name, full_message, nearly_full
 from msd.jobdir.rescales import load_rescales

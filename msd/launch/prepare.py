@@ -14,11 +14,11 @@ from pathlib import Path
 from msd.checkpoint.snapshot import Snapshot
 from msd.errors import LaunchError
 from msd.jobdir import atomic_write, full_message, is_full
-from msd.launch.autopartition import AutoPlan, plan_loaders, prepared, resolve
+from msd.launch.auto_loaders import AutoPlan, plan_loaders, prepared, resolve
 from msd.launch.check import check_sources
 from msd.launch.job import Job
 from msd.launch.local import LocalJob
-from msd.launch.long_samples import long_sample_warnings
+from msd.launch.long_sample_warnings import long_sample_warnings
 from msd.launch.slurm import SlurmJob
 from msd.plan.advice import listing, summary, too_many_loaders
 from msd.plan.partition import loader_processes

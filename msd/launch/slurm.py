@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from msd.control.client import planner_socket
+from msd.control.planner_connection import planner_socket
 from msd.control.squeue import cancel_jobs, restart_count, squeue_states
 from msd.errors import LaunchError
 from msd.jobdir import Published

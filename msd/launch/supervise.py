@@ -30,7 +30,7 @@ import os
 import signal
 import time
 
-from msd.control.client import planner_socket
+from msd.control.planner_connection import planner_socket
 from msd.jobdir import REWIND_EXIT, JobDir
 from msd.jobdir.rescales import load_rescales
 from msd.jobdir.shadows import fate_of_dead_loader, load_takeovers

@@ -15,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from msd.control.client import planner_socket
+from msd.control.planner_connection import planner_socket
 from msd.jobdir import JobDir
 from msd.wire import transport
 from msd.wire.protocol import PROTOCOL_VERSION, Failure, Hello

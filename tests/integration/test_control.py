@@ -23,7 +23,7 @@ import pytest
 import yaml
 import zmq
 
-from msd.control.client import request
+from msd.control.planner_connection import request
 from msd.jobdir import JobDir
 from msd.wire import transport
 from msd.wire.keys import create_keys

@@ -24,7 +24,7 @@ import yaml
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from msd.control.client import request
+from msd.control.planner_connection import request
 from msd.errors import LaunchError, ProtocolError
 from msd.jobdir import JobDir
 from msd.wire import transport

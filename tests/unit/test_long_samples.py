@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from msd.launch.long_samples import long_sample_warnings
+from msd.launch.long_sample_warnings import long_sample_warnings
 from msd.plan.long_samples import kept_tokens, loss, warning
 from msd.plan.step import pieces
 from msd.recipe.load import load_recipe

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from msd.control.job_status import status_json
 from msd.control.metrics import HistogramSnapshot, families
-from msd.control.status import status_json
 from msd.control.view import JobObserver, metrics_line
 from msd.jobdir import JobDir
 from msd.wire.views import StatusView

@@ -18,7 +18,7 @@ from PIL import Image
 from msd.batch.pack import IGNORE_INDEX, Piece, VideoOutput, pack_rows
 from msd.batch.sample import SampleImages
 from msd.errors import ProtocolError
-from msd.launch.autopartition import plan_loaders
+from msd.launch.auto_loaders import plan_loaders
 from msd.recipe.checks import check_recipe
 from msd.recipe.schema import Recipe, Source, Video, Vision, stream_fingerprint
 from msd.sources import video as videos

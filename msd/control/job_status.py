@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from msd.control.client import request
+from msd.control.planner_connection import request
 from msd.errors import LaunchError
 from msd.jobdir import JobDir
 from msd.wire.protocol import Status, StatusRequest
